@@ -1,0 +1,106 @@
+"""A backend with no weights: deterministic tokens, delays and failures on demand.
+
+Used by tests, demos and server load tests. Its tokenizer is byte-level (token = byte + 3, so
+multi-byte characters span several tokens, exercising incremental detokenization), and every
+sequence generates the bytes of ``option.scripted_text`` in a cycle.
+
+A prompt can steer its own sequence with directives:
+
+* ``[[eos@N]]``: the N-th generated token is EOS;
+* ``[[fail@N]]``, ``[[oom@N]]``: the step that would produce the N-th token raises (a backend failure,
+  or ``MemoryError``), which fails every sequence of that step;
+* ``[[crash@N]]``: the worker process exits; ``[[hang@N]]``: the step never returns;
+* ``[[delay=MS]]``: each step that includes this sequence sleeps MS milliseconds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Sequence
+
+from ..config import HandlerConfig, parse_bool, parse_int
+from ..errors import BackendError
+from ..sequence import SequenceState
+
+PAD, BOS, EOS = 0, 1, 2
+OFFSET = 3
+DEFAULT_TEXT = " The quick brown fox jumps over the lazy dog \u2014 \u00fcn\u00efc\u00f6d\u00e9 \u2713."
+DIRECTIVE = re.compile(r"\[\[(eos|fail|oom|crash|hang)@(\d+)\]\]|\[\[delay=(\d+)\]\]")
+
+
+class ScriptedTokenizer:
+    eos_ids = frozenset({EOS})
+    special_ids = frozenset({PAD, BOS, EOS})
+
+    def encode(self, text: str) -> list[int]:
+        return [BOS] + [b + OFFSET for b in text.encode("utf-8")]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", errors="replace")
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        return "".join(f"<|{role}|>{content}\n" for role, content in messages) + "<|assistant|>"
+
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        return self.encode(self.render_chat(messages))
+
+
+class ScriptedBackend:
+    name = "scripted"
+    option_keys = frozenset({"scripted_text", "scripted_step_delay_ms", "scripted_load_seconds",
+                             "scripted_fail_load", "scripted_max_sequence_length"})
+
+    def __init__(self, config: HandlerConfig):
+        props = config.properties
+        self.tokenizer = ScriptedTokenizer()
+        self.script = [b + OFFSET for b in str(props.get("scripted_text") or DEFAULT_TEXT).encode("utf-8")]
+        self.step_delay = (parse_int(props, "scripted_step_delay_ms", 0, minimum=0) or 0) / 1000
+        self.max_sequence_length = parse_int(props, "scripted_max_sequence_length", 4096, minimum=2) or 4096
+        self.max_batch_size = config.max_rolling_batch_size if config.rolling else max(
+            config.batch_size, config.max_rolling_batch_size)
+        load_seconds = parse_int(props, "scripted_load_seconds", 0, minimum=0) or 0
+        time.sleep(load_seconds)
+        if parse_bool(props, "scripted_fail_load", False):
+            raise BackendError("scripted backend asked to fail while loading (option.scripted_fail_load=true)")
+
+    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
+        delay = self.step_delay
+        chosen = {}
+        for seq in list(new) + list(running):
+            directives = self._directives(seq)
+            index = len(seq.generated) + 1  # the token this step produces
+            delay = max(delay, directives.get("delay", 0) / 1000)
+            action = next((name for name in ("fail", "oom", "crash", "hang") if directives.get(name) == index), None)
+            if action == "fail":
+                raise BackendError(f"scripted failure at token {index} (prompt directive [[fail@{index}]])")
+            if action == "oom":
+                raise MemoryError(f"scripted out-of-memory at token {index}")
+            if action == "crash":
+                os._exit(3)
+            if action == "hang":
+                time.sleep(10**6)
+            token = EOS if directives.get("eos") == index else self.script[(index - 1) % len(self.script)]
+            chosen[seq.uid] = (token, -1.0)
+        if delay:
+            time.sleep(delay)
+        return chosen
+
+    def _directives(self, seq: SequenceState) -> dict[str, int]:
+        if seq.backend_state is None:
+            found = {}
+            for match in DIRECTIVE.finditer(self.tokenizer.decode(seq.prompt_ids)):
+                name, at, delay = match.groups()
+                if name:
+                    found[name] = int(at)
+                else:
+                    found["delay"] = int(delay)
+            seq.backend_state = found
+        return seq.backend_state
+
+    def release(self, seq: SequenceState) -> None:
+        seq.backend_state = None
+
+    def reset(self) -> None:
+        pass

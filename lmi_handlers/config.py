@@ -1,0 +1,188 @@
+"""Typed configuration from the init call's properties (``serving.properties`` without ``option.``).
+
+DJLServing sends every option once, on the empty init call, as strings. ``HandlerConfig.from_properties``
+converts each key with an explicit rule; a bad value raises ``ConfigError`` naming the key, the value
+and what is allowed. Unknown keys are warned about (with a did-you-mean suggestion), never silently
+dropped. Parsing has no side effects: no environment writes, no device probing.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+OUTPUT_FORMATTERS = ("json", "jsonlines", "sse", "json_chat", "jsonlines_chat", "sse_chat")
+ROLLING_BATCH_MODES = ("disable", "auto", "scheduler")
+# Rolling-batch engines of the built-in LMI handlers; our handler is its own engine.
+LMI_ENGINES = ("vllm", "lmi-dist", "tnx", "trtllm")
+DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
+          "bf16": "bf16", "bfloat16": "bf16"}
+
+# Keys DJLServing itself (or its Python engine) puts into the init properties.
+SERVER_KEYS = frozenset({
+    "engine", "entryPoint", "handler", "model_dir", "device_id", "cluster_size", "job_queue_size",
+    "max_batch_delay", "max_idle_time", "minWorkers", "maxWorkers", "gpu.minWorkers", "gpu.maxWorkers",
+    "cpu.minWorkers", "cpu.maxWorkers", "nc.minWorkers", "nc.maxWorkers", "load_on_devices",
+    "model_loading_timeout", "predict_timeout", "parallel_loading", "enable_venv", "pythonExecutable",
+    "env", "batchifier", "retry_threshold", "log_request_metric", "metrics_aggregation", "mpi_mode",
+    "async_mode", "pipeline_parallel_degree", "input_formatter", "model_name", "requestId",
+    "recommended_entry_point", "max_dynamic_batch_size", "chunked_read_timeout",
+})
+# LMI options that other handlers use and this one does not: accepted with a notice.
+UNUSED_LMI_KEYS = frozenset({
+    "enable_streaming", "task", "device_map", "load_in_4bit", "quantize", "load_in_8bit",
+    "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization", "enforce_eager",
+    "bedrock_compat", "chat_template", "waiting_steps", "low_cpu_mem_usage",
+})
+
+
+def _text(value: Any) -> str:
+    return value.strip() if isinstance(value, str) else str(value)
+
+
+def parse_bool(props: Mapping[str, Any], key: str, default: bool) -> bool:
+    if key not in props:
+        return default
+    text = _text(props[key]).lower()
+    if text in ("true", "1", "yes"):
+        return True
+    if text in ("false", "0", "no"):
+        return False
+    raise ConfigError(key, props[key], "expected true or false")
+
+
+def parse_int(props: Mapping[str, Any], key: str, default: int | None, minimum: int = 1,
+              maximum: int | None = None) -> int | None:
+    if key not in props or _text(props[key]) == "":
+        return default
+    try:
+        value = int(_text(props[key]))
+    except ValueError:
+        raise ConfigError(key, props[key], "expected an integer") from None
+    if value < minimum or (maximum is not None and value > maximum):
+        upper = f" and <= {maximum}" if maximum is not None else ""
+        raise ConfigError(key, props[key], f"expected an integer >= {minimum}{upper}")
+    return value
+
+
+def parse_choice(props: Mapping[str, Any], key: str, default: str, allowed: Iterable[str]) -> str:
+    allowed = tuple(allowed)
+    if key not in props or _text(props[key]) == "":
+        return default
+    value = _text(props[key])
+    if value.lower() not in allowed:
+        raise ConfigError(key, props[key], f"allowed values are {', '.join(allowed)}")
+    return value.lower()
+
+
+@dataclass(frozen=True)
+class HandlerConfig:
+    """The handler's settings. Every field comes from one ``option.<name>`` key."""
+
+    model_dir: str
+    #: Local directory (or hub id) of the weights; defaults to the model directory itself.
+    model_id: str
+    #: ``hf`` (transformers, CPU/CUDA), ``neuronx`` (transformers-neuronx, inf2), ``scripted`` (no
+    #: weights; for tests and load tests) or ``auto`` (neuronx when transformers_neuronx imports).
+    backend: str = "auto"
+    dtype: str = "auto"
+    device: str = "auto"
+    #: Default ``max_new_tokens`` for requests that do not set it (LMI's default is 30).
+    max_new_tokens: int = 30
+    #: Empty means "choose per request" from its ``stream`` flag and Accept header.
+    output_formatter: str = ""
+    tgi_compat: bool = False
+    batch_size: int = 1
+    rolling_batch: str = "disable"
+    max_rolling_batch_size: int = 32
+    #: Upper bound on prompt tokens prefilled in one rolling-batch step (None: no bound).
+    max_rolling_batch_prefill_tokens: int | None = None
+    trust_remote_code: bool = False
+    #: None stands for ``max`` (every visible device).
+    tensor_parallel_degree: int | None = 1
+    #: Upper bound on prompt + generated tokens (default: what the model supports).
+    max_model_len: int | None = None
+    #: All init properties as received, for backend-specific options.
+    properties: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def rolling(self) -> bool:
+        return self.rolling_batch != "disable"
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
+        props = {k: v for k, v in props.items() if not callable(v)}
+        model_dir = _text(props.get("model_dir", "")) or os.getcwd()
+        rolling = props.get("rolling_batch")
+        if rolling is not None and _text(rolling).lower() in LMI_ENGINES:
+            raise ConfigError("rolling_batch", rolling,
+                              "that engine belongs to LMI's built-in handlers; lmi_handlers runs its own "
+                              f"continuous batching: use one of {', '.join(ROLLING_BATCH_MODES)}")
+        tp = props.get("tensor_parallel_degree")
+        config = cls(
+            model_dir=model_dir,
+            model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
+            backend=parse_choice(props, "backend", "auto", ("auto", "hf", "neuronx", "scripted")),
+            dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
+            device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
+            max_new_tokens=parse_int(props, "max_new_tokens", 30),
+            output_formatter=parse_choice(props, "output_formatter", "", OUTPUT_FORMATTERS),
+            tgi_compat=parse_bool(props, "tgi_compat", False),
+            batch_size=parse_int(props, "batch_size", 1, maximum=999),
+            rolling_batch=parse_choice(props, "rolling_batch", "disable", ROLLING_BATCH_MODES),
+            max_rolling_batch_size=parse_int(props, "max_rolling_batch_size", 32, maximum=999),
+            max_rolling_batch_prefill_tokens=parse_int(props, "max_rolling_batch_prefill_tokens", None),
+            trust_remote_code=parse_bool(props, "trust_remote_code", False),
+            tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
+            else parse_int(props, "tensor_parallel_degree", 1),
+            max_model_len=parse_int(props, "max_model_len", None),
+            properties=dict(props),
+        )
+        if config.rolling and config.batch_size > 1:
+            raise ConfigError("batch_size", config.batch_size,
+                              "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "
+                              "set option.rolling_batch=disable or batch_size=1")
+        return config
+
+
+def _resolve_model_id(model_id: str, model_dir: str) -> str:
+    if not model_id:
+        return model_dir
+    if model_id.startswith("s3://"):
+        raise ConfigError("model_id", model_id,
+                          "an s3:// model_id is downloaded by DJLServing before the handler starts; "
+                          "give a local directory or a Hugging Face hub id")
+    candidate = model_id if os.path.isabs(model_id) else os.path.join(model_dir, model_id)
+    return candidate if os.path.isdir(candidate) else model_id
+
+
+HANDLER_KEYS = frozenset({
+    "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",
+    "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens",
+    "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision",
+})
+
+
+def check_unknown_keys(props: Mapping[str, Any], backend_keys: Iterable[str] = ()) -> list[str]:
+    """Log (and return) one warning per key nobody reads, with a did-you-mean suggestion."""
+    known = HANDLER_KEYS | SERVER_KEYS | frozenset(backend_keys)
+    warnings = []
+    for key in sorted(props):
+        if key in known or key.startswith("batch_"):
+            continue
+        if key in UNUSED_LMI_KEYS:
+            message = f"option.{key} is an LMI option that lmi_handlers does not use; it is ignored"
+        else:
+            guess = difflib.get_close_matches(key, sorted(known | UNUSED_LMI_KEYS), n=1, cutoff=0.75)
+            hint = f"; did you mean option.{guess[0]}?" if guess else ""
+            message = f"unknown option.{key} is ignored{hint}"
+        logger.warning(message)
+        warnings.append(message)
+    return warnings

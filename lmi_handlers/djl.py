@@ -1,0 +1,32 @@
+"""The one module that imports ``djl_python``.
+
+Inside an LMI container the Python engine checks ``isinstance(result, djl_python.Output)``, so the
+handler must answer with the engine's own class. Elsewhere (tests, ``lmi serve`` workers) the
+stand-ins of ``protocol.py`` behave the same. The import is lazy: importing the handler stays
+cheap and free of third-party modules.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+_output_class: Any = None
+
+
+def output_class() -> Any:
+    global _output_class
+    if _output_class is None:
+        try:
+            from djl_python.outputs import Output  # type: ignore[import-not-found]
+        except ImportError:
+            from .protocol import Output
+        _output_class = Output
+    return _output_class
+
+
+def new_output(code: int = 200, message: str = "OK") -> Any:
+    return output_class()(code=code, message=message)
+
+
+def binary_encode(value: dict[str, Any]) -> bytes:
+    return output_class().binary_encode(value)

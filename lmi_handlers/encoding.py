@@ -1,0 +1,207 @@
+"""Wire formats: the only code that turns generation events into bytes.
+
+A request's format is chosen once (``choose_format``) from ``option.output_formatter``, the request's
+``stream`` flag and its Accept header, then a per-request ``Encoder`` renders its events:
+
+* LMI text: ``json`` (``{"generated_text", "details"}``), ``jsonlines`` (one ``{"token": ...}`` line
+  per token, the last also carrying ``generated_text`` and ``details``), ``sse`` (the same objects as
+  ``data: ...`` events); with ``tgi_compat`` the TGI shapes;
+* OpenAI chat: ``chat.completion`` objects, and ``chat.completion.chunk`` lines or SSE events
+  (``data: [DONE]`` last), the shapes OpenAI clients parse;
+* the inf2 example schema: the generated texts (prompt included) as a JSON list.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
+
+from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
+from .request import GenerationRequest, Schema
+
+
+class Framing(str, enum.Enum):
+    JSON = "application/json"
+    JSONLINES = "application/jsonlines"
+    SSE = "text/event-stream"
+
+
+@dataclass(frozen=True)
+class Format:
+    framing: Framing
+    chat: bool = False
+    tgi: bool = False
+
+    @property
+    def content_type(self) -> str:
+        return self.framing.value
+
+    @property
+    def streaming(self) -> bool:
+        return self.framing is not Framing.JSON
+
+
+def choose_format(request: GenerationRequest, output_formatter: str = "", accept: str | None = None,
+                  tgi_compat: bool = False) -> Format:
+    chat = request.schema is Schema.CHAT
+    if request.schema is Schema.LEGACY:
+        return Format(Framing.JSON)
+    if output_formatter:
+        framing = {"json": Framing.JSON, "jsonlines": Framing.JSONLINES, "sse": Framing.SSE}[
+            output_formatter.removesuffix("_chat")]
+        return Format(framing, chat, tgi_compat and not chat)
+    accept = (accept or "").lower()
+    wants_sse, wants_lines = "text/event-stream" in accept, "application/jsonlines" in accept
+    if not (request.stream or wants_sse or wants_lines):
+        return Format(Framing.JSON, chat, tgi_compat and not chat)
+    if wants_sse or (not wants_lines and (chat or tgi_compat)):
+        # OpenAI clients parse chat streams as server-sent events whatever Accept they send.
+        return Format(Framing.SSE, chat, tgi_compat and not chat)
+    return Format(Framing.JSONLINES, chat, tgi_compat and not chat)
+
+
+def error_object(code: int, message: str) -> dict[str, Any]:
+    """The one error body shape: what ``Output.error`` sends, also used inside streams and batches."""
+    try:
+        reason = HTTPStatus(code).phrase
+    except ValueError:
+        reason = "error"
+    return {"code": code, "message": reason, "error": message}
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+_chat_ids = itertools.count(1)
+OPENAI_FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
+
+
+class Encoder:
+    """Renders one request's events in its format; ``encode`` returns the text to send now."""
+
+    def __init__(self, request: GenerationRequest, fmt: Format, prompt: str, model_name: str = "lmi"):
+        self.request, self.format, self.prompt = request, fmt, prompt
+        self.model_name = request.model or model_name
+        self._chat_id = f"chatcmpl-{next(_chat_ids)}"
+        self._created = int(time.time())
+        self._sent_role = False
+
+    @property
+    def content_type(self) -> str:
+        return self.format.content_type
+
+    def encode(self, events: list[Event]) -> str:
+        """Text for these events (one step's worth); "" when nothing is due yet."""
+        out = []
+        for i, event in enumerate(events):
+            if isinstance(event, TokenEvent):
+                nxt = events[i + 1] if i + 1 < len(events) else None
+                out.append(self._token(event, nxt if isinstance(nxt, GenerationResult) else None))
+            elif isinstance(event, ErrorEvent):
+                out.append(self._error(event))
+            elif isinstance(event, GenerationResult) and not (i and isinstance(events[i - 1], TokenEvent)):
+                out.append(self._token(None, event))
+        return "".join(out)
+
+    def result_object(self, result: GenerationResult) -> Any:
+        """The JSON value of a finished request (one element of a list answer)."""
+        text = self.prompt + result.text if self.request.return_full_text else result.text
+        if self.request.schema is Schema.LEGACY:
+            return text
+        if self.format.chat:
+            return self._chat_completion(result)
+        body: dict[str, Any] = {"generated_text": text}
+        if self.request.details:
+            body["details"] = self._details(result, with_tokens=True)
+        return [body] if self.format.tgi else body
+
+    # --- pieces -----------------------------------------------------------------------------
+
+    def _frame(self, obj: Any) -> str:
+        line = dumps(obj)
+        return f"data: {line}\n\n" if self.format.framing is Framing.SSE else line + "\n"
+
+    def _token(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+        if self.format.framing is Framing.JSON:
+            return dumps(self.result_object(result)) if result is not None else ""
+        if self.format.chat:
+            return self._chat_chunk(event, result)
+        line: dict[str, Any] = {}
+        if event is not None:
+            line["token"] = self._token_dict(event.token)
+        if result is not None:
+            line["generated_text"] = self.prompt + result.text if self.request.return_full_text else result.text
+            if self.request.details:
+                line["details"] = self._details(result, with_tokens=False)
+        return self._frame(line)
+
+    def _error(self, event: ErrorEvent) -> str:
+        body = error_object(event.code, event.message)
+        if self.format.framing is Framing.JSON:
+            return dumps(body)
+        tail = "data: [DONE]\n\n" if self.format.chat and self.format.framing is Framing.SSE else ""
+        return self._frame(body) + tail
+
+    def _token_dict(self, token: Token) -> dict[str, Any]:
+        if self.format.tgi:
+            return {"id": token.id, "text": token.text, "logprob": token.log_prob, "special": token.special}
+        out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": token.log_prob}
+        if token.special:
+            out["special_token"] = True
+        return out
+
+    def _details(self, result: GenerationResult, with_tokens: bool) -> dict[str, Any]:
+        details: dict[str, Any] = {"finish_reason": result.finish_reason.value,
+                                   "generated_tokens": result.generated_tokens,
+                                   "prompt_tokens": result.prompt_tokens, "inputs": self.prompt}
+        if result.seed is not None:
+            details["seed"] = result.seed
+        if with_tokens:
+            details["tokens"] = [self._token_dict(t) for t in result.tokens]
+        return details
+
+    def _usage(self, result: GenerationResult) -> dict[str, int]:
+        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated_tokens,
+                "total_tokens": result.prompt_tokens + result.generated_tokens}
+
+    def _logprobs(self, tokens: tuple[Token, ...] | list[Token]) -> dict[str, Any] | None:
+        if not self.request.details:
+            return None
+        return {"content": [{"token": t.text, "logprob": t.log_prob, "top_logprobs": []} for t in tokens]}
+
+    def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
+        return {"id": self._chat_id, "object": "chat.completion", "created": self._created,
+                "model": self.model_name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
+                             "logprobs": self._logprobs(result.tokens),
+                             "finish_reason": OPENAI_FINISH[result.finish_reason]}],
+                "usage": self._usage(result)}
+
+    def _chat_chunk(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+        text = event.token.text if event is not None else ""
+        if not text and result is None and self._sent_role:
+            return ""  # a held-back token: nothing for the client yet
+        delta: dict[str, Any] = {"content": text}
+        if not self._sent_role:
+            delta = {"role": "assistant", "content": text}
+            self._sent_role = True
+        chunk = {"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
+                 "model": self.model_name,
+                 "choices": [{"index": 0, "delta": delta,
+                              "logprobs": self._logprobs([event.token]) if event is not None else None,
+                              "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None}]}
+        out = self._frame(chunk)
+        if result is not None:
+            if self.request.include_usage:
+                out += self._frame({"id": self._chat_id, "object": "chat.completion.chunk",
+                                    "created": self._created, "model": self.model_name, "choices": [],
+                                    "usage": self._usage(result)})
+            if self.format.framing is Framing.SSE:
+                out += "data: [DONE]\n\n"
+        return out

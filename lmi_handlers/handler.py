@@ -1,0 +1,141 @@
+"""The handler behind ``handle(inputs)``: load on the init call, then serve every request shape.
+
+* the empty init call: parse ``HandlerConfig`` from its properties, load the backend, return None;
+* rolling batch (``option.rolling_batch=auto|scheduler``): one call per generation step;
+* otherwise a single request (a JSON body, or a stream via ``add_stream_content``) or a dynamic
+  batch of N requests answered with N items ``batch_<i>.data``, each request on its own: an invalid
+  one gets its own error body while its neighbours are answered normally.
+
+This is the only place where errors become responses.
+"""
+
+from __future__ import annotations
+
+import logging
+from http import HTTPStatus
+from typing import Any, Callable, Iterator
+
+from . import djl
+from .backends import load_backend
+from .backends.base import Backend
+from .config import HandlerConfig, check_unknown_keys
+from .encoding import dumps, error_object
+from .engine import Engine
+from .errors import HandlerError, status_of
+from .job import Job, prepare_job
+from .rolling import RollingBatch
+
+logger = logging.getLogger(__name__)
+
+
+class Handler:
+    """Holds the configuration, backend and engine of one model; ``handle`` is the entry point."""
+
+    def __init__(self, backend_loader: Callable[[HandlerConfig], Backend] = load_backend):
+        self.backend_loader = backend_loader
+        self.initialized = False
+        self.config: HandlerConfig | None = None
+        self.backend: Backend | None = None
+        self.engine: Engine | None = None
+        self.rolling: RollingBatch | None = None
+
+    def initialize(self, properties: dict[str, Any]) -> None:
+        config = HandlerConfig.from_properties(properties)
+        backend = self.backend_loader(config)
+        check_unknown_keys(config.properties, backend.option_keys)
+        self.config, self.backend = config, backend
+        self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens)
+        self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
+        self.initialized = True
+
+    def handle(self, inputs: Any) -> Any:
+        try:
+            if not self.initialized:
+                self.initialize(inputs.get_properties())
+            if inputs.is_empty():
+                return None
+            if self.rolling is not None:
+                return self.rolling.step(inputs)
+            return self._inference(inputs)
+        except Exception as exc:  # noqa: BLE001 - the one place errors become responses
+            return self._error_output(exc)
+
+    # --- non-rolling modes --------------------------------------------------------------------
+
+    def _prepare(self, item: Any) -> Job:
+        assert self.config is not None and self.backend is not None
+        return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"))
+
+    def _inference(self, inputs: Any) -> Any:
+        items = inputs.get_batches()
+        if not inputs.is_batch():
+            job = self._prepare(items[0])
+            output = djl.new_output()
+            if job.streaming:
+                output.add_property("content-type", job.content_type)
+                return output.add_stream_content(self._stream(job), output_formatter=None)
+            body = self._complete([job])[0]
+            if job.error is not None:
+                return output.error(job.error.message, code=job.error.code, message=_reason(job.error.code))
+            return output.add_property("content-type", job.content_type).add(body)
+        jobs: list[Job | HandlerError] = []
+        for item in items:
+            try:
+                jobs.append(self._prepare(item))
+            except HandlerError as exc:
+                jobs.append(exc)
+        bodies = self._complete([job for job in jobs if isinstance(job, Job)])
+        output = djl.new_output()
+        runs = iter(bodies)
+        types = set()
+        for i, job in enumerate(jobs):
+            if isinstance(job, HandlerError):
+                body = dumps(error_object(job.status, str(job)))
+            else:
+                body = next(runs)
+                body = job.error_body() if job.error is not None else body
+                types.add(job.content_type)
+            output.add(body, key="data", batch_index=i)
+        # Headers are shared by the whole batch (DJL's contract); name a type only if all agree.
+        output.add_property("content-type", types.pop() if len(types) == 1 else "application/json")
+        return output
+
+    def _complete(self, jobs: list[Job]) -> list[str]:
+        """Run jobs together until all finish; returns each one's whole body."""
+        assert self.engine is not None
+        bodies = [""] * len(jobs)
+        seqs = [seq for job in jobs for seq in job.seqs]
+        for events in self.engine.run(seqs):
+            for i, job in enumerate(jobs):
+                bodies[i] += job.take(events)
+        return bodies
+
+    def _stream(self, job: Job) -> Iterator[str]:
+        assert self.engine is not None
+        try:
+            for events in self.engine.run(job.seqs):
+                text = job.take(events)
+                if text:
+                    yield text
+        finally:
+            for seq in job.seqs:  # the reader went away early: free the slots
+                if not seq.finished:
+                    self.engine.cancel(seq)
+
+    # --- errors -------------------------------------------------------------------------------
+
+    def _error_output(self, exc: Exception) -> Any:
+        if not isinstance(exc, HandlerError):
+            logger.exception("handler failed")
+        code = status_of(exc)
+        message = str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
+        if not self.initialized:
+            message = f"model failed to load: {message}"
+        return djl.new_output().error(message, code=code, message=_reason(code))
+
+
+def _reason(code: int) -> str:
+    try:
+        return HTTPStatus(code).phrase
+    except ValueError:
+        return "error"

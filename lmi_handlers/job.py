@@ -1,0 +1,129 @@
+"""One client request from arrival to answer: parsing, tokenizing, and assembling the response.
+
+``prepare_job`` turns one ``Input`` item into a ``Job`` (or raises ``InvalidRequest``): the body is
+parsed into typed requests, each prompt is tokenized and checked against the model's context, and
+each gets a ``SequenceState`` and an ``Encoder``. As the engine produces events, ``Job.take``
+returns the text due to the client now - every token for a stream, the whole body at the end
+otherwise - so the same object serves a plain call, a stream and a rolling-batch request.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from .backends.base import Backend
+from .config import HandlerConfig
+from .encoding import Encoder, choose_format, dumps, error_object
+from .errors import InvalidRequest, invalid_field
+from .events import ErrorEvent, Event, GenerationResult
+from .request import GenerationRequest, Payload, Schema, decode_body, parse_payload
+from .sequence import SequenceState
+
+
+class Job:
+    def __init__(self, payload: Payload, seqs: list[SequenceState], encoders: list[Encoder]):
+        self.payload = payload
+        self.seqs = seqs
+        self.encoders = encoders
+        self.results: dict[int, GenerationResult] = {}
+        self.error: ErrorEvent | None = None
+        self.sent_any = False
+
+    @property
+    def streaming(self) -> bool:
+        return not self.payload.many and self.encoders[0].format.streaming
+
+    @property
+    def content_type(self) -> str:
+        return self.encoders[0].content_type
+
+    @property
+    def done(self) -> bool:
+        return self.error is not None or len(self.results) == len(self.seqs)
+
+    def take(self, events: Mapping[int, list[Event]]) -> str:
+        """The text due now for this step's events (those of other jobs are ignored)."""
+        out = []
+        for seq, encoder in zip(self.seqs, self.encoders):
+            mine = events.get(seq.uid)
+            if not mine or self.error is not None:
+                continue
+            for event in mine:
+                if isinstance(event, GenerationResult):
+                    self.results[seq.uid] = event
+                elif isinstance(event, ErrorEvent):
+                    self.error = event
+            if not self.payload.many:
+                out.append(encoder.encode(mine))
+        if self.payload.many and self.done and self.error is None:
+            out.append(dumps([enc.result_object(self.results[seq.uid])
+                              for seq, enc in zip(self.seqs, self.encoders)]))
+        text = "".join(out)
+        self.sent_any = self.sent_any or bool(text)
+        return text
+
+    def error_body(self) -> str:
+        assert self.error is not None
+        return dumps(error_object(self.error.code, self.error.message))
+
+
+def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None) -> Job:
+    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input."""
+    data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"))
+    payload = parse_payload(data, config.max_new_tokens)
+    accept = item.get_property("Accept")
+    seqs, encoders = [], []
+    for request in payload.requests:
+        prompt_text, prompt_ids = _tokenize(request, backend)
+        max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
+        seed = request.sampling.seed
+        if seed is None and request.sampling.do_sample:
+            seed = _seed(server_seed)
+        seqs.append(SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
+                                  eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
+                                  max_new_tokens=max_new, seed=seed))
+        fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat)
+        encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
+    return Job(payload, seqs, encoders)
+
+
+def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:
+    if request.schema is Schema.CHAT:
+        text = backend.tokenizer.render_chat(request.messages)
+        return text, backend.tokenizer.encode_chat(request.messages)
+    return request.prompt, backend.tokenizer.encode(request.prompt)
+
+
+def _token_budget(request: GenerationRequest, prompt_tokens: int, limit: int) -> int:
+    field = "text" if request.schema is Schema.LEGACY else "messages" if request.schema is Schema.CHAT else "inputs"
+    if prompt_tokens >= limit:
+        raise InvalidRequest(f"{field}: the prompt is {prompt_tokens} tokens; this model accepts at most "
+                             f"{limit - 1} prompt tokens (prompt plus generated tokens <= {limit}). "
+                             "Shorten the prompt; it is never truncated.", field=field, value=prompt_tokens)
+    if request.schema is Schema.LEGACY:
+        assert request.seq_length is not None
+        if request.seq_length <= prompt_tokens:
+            raise invalid_field("seq_length", request.seq_length,
+                                f"must exceed the prompt's {prompt_tokens} tokens (it counts prompt and "
+                                "generated tokens)")
+        max_new = request.seq_length - prompt_tokens
+    else:
+        max_new = request.stopping.max_new_tokens
+    if prompt_tokens + max_new > limit:
+        budget = "max_tokens" if request.schema is Schema.CHAT else (
+            "seq_length" if request.schema is Schema.LEGACY else "parameters.max_new_tokens")
+        raise InvalidRequest(f"{budget}: the prompt is {prompt_tokens} tokens and {max_new} new tokens were asked "
+                             f"for, {prompt_tokens + max_new} in all; this model holds at most {limit}. "
+                             f"Ask for at most {limit - prompt_tokens} new tokens.", field=budget, value=max_new)
+    return max_new
+
+
+def _seed(server_seed: Any) -> int:
+    """The server's per-request seed (rolling batch sends one), else a random one."""
+    if server_seed is not None:
+        try:
+            return int(server_seed) & (2**63 - 1)
+        except (TypeError, ValueError):
+            pass
+    return int.from_bytes(os.urandom(7), "big")

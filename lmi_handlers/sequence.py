@@ -1,0 +1,82 @@
+"""One request's progress through generation: token ids in, typed events out.
+
+Backends only choose token ids; everything that decides what the client sees - incremental
+detokenization, stop sequences, EOS, the token budget - happens here, identically for every
+backend and every handler mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, Callable, Collection, Sequence
+
+from .detokenize import IncrementalDetokenizer, StopMatcher
+from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
+from .request import GenerationRequest
+
+_uids = itertools.count(1)
+
+
+class SequenceState:
+    """A prompt being completed. ``backend_state`` and ``sampler_state`` belong to the backend."""
+
+    def __init__(self, request: GenerationRequest, prompt_ids: Sequence[int], *,
+                 decode: Callable[[Sequence[int]], str], eos_ids: Collection[int] = (),
+                 special_ids: Collection[int] = (), max_new_tokens: int | None = None, seed: int | None = None):
+        self.uid = next(_uids)
+        self.request = request
+        self.prompt_ids = list(prompt_ids)
+        self.max_new_tokens = max_new_tokens or request.stopping.max_new_tokens
+        self.seed = seed
+        self.generated: list[int] = []
+        self.tokens: list[Token] = []
+        self.text = ""
+        self.finished = False
+        self.backend_state: Any = None
+        self.sampler_state: Any = None
+        self._eos_ids = frozenset(eos_ids)
+        self._special_ids = frozenset(special_ids) | self._eos_ids
+        self._detokenizer = IncrementalDetokenizer(decode, self.prompt_ids)
+        self._stops = StopMatcher(request.stopping.stop)
+
+    def __repr__(self) -> str:
+        return f"SequenceState(uid={self.uid}, prompt={len(self.prompt_ids)}, generated={len(self.generated)})"
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.generated
+
+    def append(self, token_id: int, log_prob: float) -> list[Event]:
+        """Record the next generated token; returns its ``TokenEvent``, plus the result if it was the last."""
+        assert not self.finished, "token appended to a finished sequence"
+        self.generated.append(token_id)
+        is_eos = token_id in self._eos_ids and not self.request.stopping.ignore_eos
+        released, reason = "", None
+        if is_eos:
+            reason = FinishReason.EOS
+        else:
+            released, stopped = self._stops.feed(self._detokenizer.add(token_id))
+            if stopped:
+                reason = FinishReason.STOP
+            elif len(self.generated) >= self.max_new_tokens:
+                reason = FinishReason.LENGTH
+        if reason is not None and reason is not FinishReason.STOP:
+            tail, stopped = self._stops.feed(self._detokenizer.flush())
+            released += tail if stopped else tail + self._stops.flush()
+            reason = FinishReason.STOP if stopped else reason
+        token = Token(token_id, released, log_prob, special=token_id in self._special_ids)
+        self.tokens.append(token)
+        self.text += released
+        events: list[Event] = [TokenEvent(token, len(self.generated))]
+        if reason is not None:
+            self.finished = True
+            events.append(self.result(reason))
+        return events
+
+    def result(self, reason: FinishReason) -> GenerationResult:
+        return GenerationResult(self.text, reason, len(self.generated), len(self.prompt_ids),
+                                tuple(self.tokens), self.seed)
+
+    def fail(self, code: int, message: str) -> ErrorEvent:
+        self.finished = True
+        return ErrorEvent(code, message)
