@@ -1,0 +1,47 @@
+"""The ``lmi`` command. Each command module parses arguments and calls library functions; this
+module only assembles them and is the one place where errors become messages and exit codes."""
+
+from __future__ import annotations
+
+import sys
+from importlib import import_module
+
+import click
+import typer
+
+from .errors import ToolError
+
+app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+                  help="Build, validate, serve, package, deploy and benchmark LLM handlers for DJLServing / "
+                       "AWS LMI containers.")
+
+# One module per command group; each defines register(app).
+COMMAND_MODULES = [
+    "lmi_tools.commands.demo",
+]
+
+for _name in COMMAND_MODULES:
+    import_module(_name).register(app)
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        result = app(args=argv, standalone_mode=False)
+        return result if isinstance(result, int) else 0
+    except ToolError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        if exc.hint:
+            typer.secho(f"hint: {exc.hint}", fg="yellow", err=True)
+        return exc.exit_code
+    except click.exceptions.Abort:
+        typer.echo("aborted", err=True)
+        return 130
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
