@@ -39,7 +39,7 @@ SERVER_KEYS = frozenset({
 UNUSED_LMI_KEYS = frozenset({
     "enable_streaming", "task", "device_map", "load_in_4bit", "quantize", "load_in_8bit",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization", "enforce_eager",
-    "bedrock_compat", "chat_template", "waiting_steps", "low_cpu_mem_usage",
+    "bedrock_compat", "chat_template", "waiting_steps",
 })
 
 
@@ -162,6 +162,15 @@ def _resolve_model_id(model_id: str, model_dir: str) -> str:
     candidate = model_id if os.path.isabs(model_id) else os.path.join(model_dir, model_id)
     return candidate if os.path.isdir(candidate) else model_id
 
+
+# Options of the neuronx backend (the names DJLServing's transformers-neuronx handler uses).
+NEURONX_KEYS = frozenset({
+    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
+    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
+    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
+    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
+    "low_cpu_mem_usage",
+})
 
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",
