@@ -37,7 +37,7 @@ SERVER_KEYS = frozenset({
 })
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({
-    "enable_streaming", "task", "device_map", "load_in_4bit", "quantize", "load_in_8bit",
+    "enable_streaming", "task", "device_map", "load_in_4bit",
     "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization", "enforce_eager",
     "bedrock_compat", "chat_template", "waiting_steps",
 })
