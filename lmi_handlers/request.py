@@ -177,7 +177,8 @@ def _prompt(field: str, value: Any) -> str:
 
 def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int) -> Payload:
     _check_known(data, ("inputs", "parameters", "stream"), "")
-    params = data.get("parameters") or {}
+    params = data.get("parameters")
+    params = {} if params is None else params
     if not isinstance(params, Mapping):
         raise invalid_field("parameters", params, "expected a JSON object")
     _check_known(params, LMI_PARAMETERS, "parameters")
@@ -264,7 +265,8 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int) -> Generat
     budget_key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
     temperature = _float("temperature", data.get("temperature", 1.0), "expected a number in [0, 2]",
                          lambda v: 0 <= v <= 2) if data.get("temperature") is not None else 1.0
-    stream_options = data.get("stream_options") or {}
+    stream_options = data.get("stream_options")
+    stream_options = {} if stream_options is None else stream_options
     if not isinstance(stream_options, Mapping):
         raise invalid_field("stream_options", stream_options, "expected an object")
     _check_known(stream_options, ("include_usage",), "stream_options")

@@ -25,6 +25,7 @@ from .job import Job
 logger = logging.getLogger(__name__)
 
 CANCEL_PROPERTY = "lmi_cancel"
+CANCELLED = 499  # nginx's "client closed request": nobody reads it, but the last item always says why
 
 
 def _truthy(value: Any) -> bool:
@@ -52,7 +53,7 @@ class _Entry:
         if self.error is not None:
             return {"data": "", "last": True, "code": self.error.status, "error": str(self.error)}
         if self.cancelled or self.job is None:
-            return {"data": "", "last": True}
+            return {"data": "", "last": True, "code": CANCELLED, "error": "request cancelled: the client went away"}
         data = self.job.take(events)
         if self.job.error is not None:
             return {"data": "", "last": True, "code": self.job.error.code, "error": self.job.error.message}

@@ -18,7 +18,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from lmi_handlers.protocol import Input, PairList
+from lmi_handlers.protocol import Input, PairList, binary_decode
 from lmi_handlers.rolling import CANCEL_PROPERTY
 
 CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
@@ -71,12 +71,13 @@ def batch_input(requests: Sequence[Input], handler: str = "handle") -> Input:
     return Input(properties, content)
 
 
-@dataclass
+@dataclass(eq=False)
 class RollingRequest:
     """One request in the Java-side active list of a rolling batch."""
 
     input: Input
     seed: int
+    key: Any = None  # the caller's handle on this request
     started: bool = False  # a response has been seen: from now on only an empty body is sent
     cancelled: bool = False
 
@@ -98,3 +99,66 @@ def rolling_step_input(active: Sequence[RollingRequest], reset: bool = False, ha
         content.add(prefix + "data", request.input.get_as_bytes() or b"")
         properties[prefix + "seed"] = str(request.seed)
     return Input(properties, content)
+
+
+@dataclass
+class StepItem:
+    """What one rolling-batch step produced for one request."""
+
+    request: RollingRequest
+    data: str
+    last: bool
+    content_type: str | None = None
+    code: int | None = None
+    error: str | None = None
+
+
+class RollingBatchLoop:
+    """The Java side of rolling batch (``RollingBatch.run``, reference §4.1-4.2) without the I/O:
+    the ordered active list, the step Input, and what each returned item means for its request.
+
+    New requests are appended; finished ones leave in place, so the handler's own list stays in step.
+    A step whose answer is not 200 with exactly one item per request fails every active request and
+    the next step carries ``reset_rollingbatch``.
+    """
+
+    def __init__(self, max_size: int = 32):
+        self.max_size = max_size
+        self.active: list[RollingRequest] = []
+        self.reset_next = False
+
+    @property
+    def room(self) -> int:
+        return self.max_size - len(self.active)
+
+    def add(self, request: RollingRequest) -> None:
+        self.active.append(request)
+
+    def next_input(self, handler: str = "handle") -> Input:
+        inputs = rolling_step_input(self.active, reset=self.reset_next, handler=handler)
+        self.reset_next = False
+        return inputs
+
+    def apply(self, code: int, properties: Mapping[str, Any], items: Sequence[bytes]) -> list[StepItem]:
+        if code != 200 or len(items) != len(self.active):
+            return self.fail_all(code if code != 200 else 500, "Batch inference failed")
+        results, survivors = [], []
+        for i, (request, raw) in enumerate(zip(self.active, items)):
+            item = binary_decode(bytes(raw))
+            request.started = True
+            last = item.get("last", "").lower() == "true"
+            code_text = item.get("code")
+            results.append(StepItem(request, item.get("data", ""), last,
+                                    properties.get(f"batch_{i}_Content-Type"),
+                                    int(code_text) if code_text else None, item.get("error")))
+            if not last:
+                survivors.append(request)
+        self.active = survivors
+        return results
+
+    def fail_all(self, code: int, error: str) -> list[StepItem]:
+        """Every active request ends with this error; the next step resets the handler."""
+        results = [StepItem(r, "", True, "application/json", code, error) for r in self.active]
+        self.active = []
+        self.reset_next = True
+        return results

@@ -158,7 +158,8 @@ class HFBackend:
             return self.runner.step(new, running)
 
     def release(self, seq: SequenceState) -> None:
-        self.runner.release(seq)
+        with self.torch.inference_mode():  # the cache buffers are inference tensors
+            self.runner.release(seq)
 
     def reset(self) -> None:
         self.runner.reset()
@@ -396,16 +397,17 @@ def _build_slot_cache_class(torch: Any) -> Any:
                 self.keys.append(None)
                 self.values.append(None)
             current = self.keys[layer]
-            if current is None or current.shape[0] < rows_needed or current.shape[2] < cols_needed:
-                rows = rows_needed if current is None else max(rows_needed, current.shape[0] * 2)
-                cols = max(cols_needed, 64 if current is None else min(current.shape[2] * 2, cols_needed * 2))
+            have_rows, have_cols = (0, 0) if current is None else (current.shape[0], current.shape[2])
+            if have_rows < rows_needed or have_cols < cols_needed:
+                # Each dimension only grows, doubling when it must, so growth is rare and amortized.
+                rows = have_rows if have_rows >= rows_needed else max(rows_needed, 2 * have_rows)
+                cols = have_cols if have_cols >= cols_needed else max(cols_needed, 2 * have_cols, 64)
                 shape = (rows, like.shape[1], cols, like.shape[3])
                 new_keys = torch.zeros(shape, dtype=like.dtype, device=like.device)
                 new_values = torch.zeros(shape, dtype=like.dtype, device=like.device)
                 if current is not None:
-                    r, c = current.shape[0], current.shape[2]
-                    new_keys[:r, :, :c] = current
-                    new_values[:r, :, :c] = self.values[layer]
+                    new_keys[:have_rows, :, :have_cols] = current
+                    new_values[:have_rows, :, :have_cols] = self.values[layer]
                 self.keys[layer], self.values[layer] = new_keys, new_values
             return self.keys[layer], self.values[layer]
 

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Every test, from scratch: the main environment (transformers 5.x), then the handler tests again with the
+# oldest transformers an LMI image ships (4.43.4, the neuronx image of the v0.29 line) and numpy<2.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+.venv/bin/python -m pytest -q "$@"
+
+COMPAT=${COMPAT_VENV:-.venv-compat}
+[ -x "$COMPAT/bin/python" ] || python3 -m venv "$COMPAT"
+"$COMPAT/bin/python" -m pip install -q --upgrade pip
+"$COMPAT/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+"$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors jinja2 pytest pytest-timeout
+echo "--- handler tests with transformers 4.43.4"
+"$COMPAT/bin/python" -m pytest -q tests/handlers
