@@ -15,7 +15,7 @@ contract tests both use them, so what passes locally is what the container sends
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from lmi_handlers.protocol import Input, PairList, binary_decode
@@ -108,9 +108,24 @@ class StepItem:
     request: RollingRequest
     data: str
     last: bool
-    content_type: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
     code: int | None = None
     error: str | None = None
+
+    @property
+    def content_type(self) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == "content-type"), None)
+
+
+def _request_headers(properties: Mapping[str, Any]) -> dict[int, dict[str, str]]:
+    """``batch_<i>_<Header>`` properties by request index (Java splits at the first ``_`` after the index)."""
+    headers: dict[int, dict[str, str]] = {}
+    for key, value in properties.items():
+        if key.startswith("batch_"):
+            index, sep, name = key[6:].partition("_")
+            if sep and index.isdigit() and name:
+                headers.setdefault(int(index), {})[name] = str(value)
+    return headers
 
 
 class RollingBatchLoop:
@@ -143,13 +158,13 @@ class RollingBatchLoop:
         if code != 200 or len(items) != len(self.active):
             return self.fail_all(code if code != 200 else 500, "Batch inference failed")
         results, survivors = [], []
+        headers = _request_headers(properties)
         for i, (request, raw) in enumerate(zip(self.active, items)):
             item = binary_decode(bytes(raw))
             request.started = True
             last = item.get("last", "").lower() == "true"
             code_text = item.get("code")
-            results.append(StepItem(request, item.get("data", ""), last,
-                                    properties.get(f"batch_{i}_Content-Type"),
+            results.append(StepItem(request, item.get("data", ""), last, headers.get(i, {}),
                                     int(code_text) if code_text else None, item.get("error")))
             if not last:
                 survivors.append(request)
@@ -158,7 +173,7 @@ class RollingBatchLoop:
 
     def fail_all(self, code: int, error: str) -> list[StepItem]:
         """Every active request ends with this error; the next step resets the handler."""
-        results = [StepItem(r, "", True, "application/json", code, error) for r in self.active]
+        results = [StepItem(r, "", True, {"Content-Type": "application/json"}, code, error) for r in self.active]
         self.active = []
         self.reset_next = True
         return results
