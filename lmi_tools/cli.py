@@ -17,7 +17,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 
 # One module per command group; each defines register(app).
 COMMAND_MODULES = [
-    "lmi_tools.commands.demo",
+    "lmi_tools.commands.tiny_model",
+    "lmi_tools.commands.serve",
 ]
 
 for _name in COMMAND_MODULES:

@@ -89,7 +89,9 @@ def build_tiny_model(out_dir: str | Path, spec: TinySpec | str = "tiny") -> Path
     """Write a model directory (config, safetensors weights, tokenizer, generation config)."""
     import torch
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     if isinstance(spec, str):
         spec = PRESETS[spec]
     out = Path(out_dir)

@@ -6,6 +6,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
-"$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-"$VENV/bin/python" -m pip install -q -e ".[hf,bench,dev]"
+log="$VENV/setup.log"
+echo "setting up $VENV (pip output in $log)"
+{
+  "$VENV/bin/python" -m pip install --upgrade pip &&
+  "$VENV/bin/python" -m pip install "torch==${TORCH_VERSION:-2.13.0}" &&
+  "$VENV/bin/python" -m pip install -e ".[hf,bench,dev]"
+} > "$log" 2>&1 || { tail -40 "$log"; echo "setup failed: see $log" >&2; exit 1; }

@@ -101,7 +101,9 @@ class HFBackend:
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
 
+        hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
         device = resolve_device(torch, config.device)
         dtype = resolve_dtype(torch, config.dtype, device, config.model_id)

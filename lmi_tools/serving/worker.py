@@ -11,6 +11,7 @@ Where ``djl_python`` is installed its own engine (``djl_python_engine``) can be 
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import logging
 import os
@@ -29,6 +30,7 @@ import lmi_handlers
 from lmi_handlers.protocol import (Input, OutputHeader, StreamBroken, encode_input, read_output_header,
                                    read_stream_chunks)
 
+from ..djl_frontend import init_input
 from .worker_process import STARTED
 
 logger = logging.getLogger("lmi.worker")
@@ -111,7 +113,7 @@ class Worker:
         self.sock.connect(sock_path)
         self.reader = self.sock.makefile("rb")
         try:
-            header = self._call(Input(dict(self.settings.init_properties)), self.settings.model_loading_timeout)
+            header = self._call(init_input(self.settings.init_properties), self.settings.model_loading_timeout)
         except WorkerDied as exc:
             raise LoadFailed(f"model loading failed: {exc}") from None
         if header.code >= 300:
@@ -167,13 +169,18 @@ class Worker:
             self.kill()
             raise WorkerDied(f"the worker process died mid-stream ({exc})") from None
 
-    def kill(self) -> None:
+    def _disconnect(self) -> None:
+        # shutdown() rather than close() alone: the makefile() reader keeps the descriptor open,
+        # and the worker only exits once it reads end-of-file.
         if self.sock is not None:
-            try:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
                 self.sock.close()
-            except OSError:
-                pass
             self.sock = None
+
+    def kill(self) -> None:
+        self._disconnect()
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, 9)
@@ -183,12 +190,7 @@ class Worker:
 
     def stop(self) -> None:
         """Close the connection (the worker exits on EOF) and make sure the process is gone."""
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-            self.sock = None
+        self._disconnect()
         if self.process is not None:
             try:
                 self.process.wait(timeout=5)
