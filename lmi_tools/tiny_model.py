@@ -44,7 +44,7 @@ PRESETS = {
     "tiny": TinySpec(),
     # The 115M-parameter Llama shape of the rolling-batch benchmark (issue 4).
     "bench-115m": TinySpec(hidden_size=576, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
-                           intermediate_size=1536, vocab_size=12288, max_position_embeddings=2048),
+                           intermediate_size=1536, vocab_size=8192, max_position_embeddings=2048),
 }
 
 

@@ -1,0 +1,163 @@
+"""Rolling-batch throughput of the handler against ``model.generate``, measured in the same run.
+
+The 115M-parameter Llama shape of issue 4 (hidden 576, 30 layers, 9 heads, 3 KV heads, intermediate
+1536, vocabulary 8192 from a locally trained tokenizer, random fp32 weights), prompts of about 100
+tokens, 64 new tokens, greedy. Baselines: ``model.generate`` one prompt at a time, and a static batch
+of C prompts. Ours: closed-loop clients (each sends its next request as soon as the previous one is
+answered) served through ``handle()`` with DJLServing's rolling-batch step protocol, exactly as the
+Java front end drives it (``lmi_tools.djl_frontend.RollingBatchLoop``), streaming jsonlines.
+
+    .venv/bin/python benchmarks/rolling_batch.py            # concurrency 1, 4, 16
+
+Prints output tokens/s, time to first token p50/p90 and inter-token latency per concurrency, beside
+the baselines, and the ratios. Figures, not assertions: nothing here fails on speed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
+
+from lmi_handlers.handler import Handler  # noqa: E402
+from lmi_tools.djl_frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
+from lmi_tools.tiny_model import build_tiny_model, corpus  # noqa: E402
+
+JSON = [("Content-Type", "application/json")]
+
+
+def make_prompts(tokenizer, count: int, tokens: int) -> list[str]:
+    """Distinct prompts of about ``tokens`` tokens each, cut from the tokenizer's own corpus."""
+    text = " ".join(corpus(seed=1, words=20_000)[100:])
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    prompts = []
+    for i in range(count):
+        window = ids[i * tokens:(i + 1) * tokens - 1]  # BOS makes it `tokens`
+        prompts.append(tokenizer.decode(window))
+    return prompts
+
+
+def generate_rate(model, tokenizer, prompts: list[str], new_tokens: int) -> float:
+    """Output tokens/s of one ``model.generate`` call over ``prompts`` as a static (left-padded) batch."""
+    tokenizer.padding_side = "left"
+    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    began = time.perf_counter()
+    with torch.inference_mode():
+        out = model.generate(**{k: batch[k] for k in ("input_ids", "attention_mask")}, max_new_tokens=new_tokens,
+                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    elapsed = time.perf_counter() - began
+    assert out.shape[1] - batch["input_ids"].shape[1] == new_tokens
+    return len(prompts) * new_tokens / elapsed
+
+
+@dataclass
+class Request:
+    client: int
+    submitted: float
+    token_times: list[float] = field(default_factory=list)
+
+
+def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_client: int, new_tokens: int) -> dict:
+    """Closed loop: ``concurrency`` clients, ``per_client`` requests each, through the step protocol."""
+    loop = RollingBatchLoop(max_size=concurrency)
+    remaining = {c: per_client for c in range(concurrency)}
+    done: list[Request] = []
+    began = time.perf_counter()
+    ready = [(c, began) for c in range(concurrency)]  # clients with a request to send, and when they sent it
+    counter = 0
+    while ready or loop.active:
+        for client, sent in ready:
+            payload = {"inputs": prompts[counter % len(prompts)], "stream": True,
+                       "parameters": {"max_new_tokens": new_tokens, "ignore_eos": True}}
+            counter += 1
+            remaining[client] -= 1
+            loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=counter,
+                                    key=Request(client, sent)))
+        ready = []
+        out = handler.handle(loop.next_input())
+        now = time.perf_counter()
+        for item in loop.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())]):
+            request = item.request.key
+            assert item.code is None, item.error
+            request.token_times += [now] * item.data.count("\n")
+            if item.last:
+                done.append(request)
+                if remaining[request.client]:
+                    ready.append((request.client, now))
+    elapsed = time.perf_counter() - began
+    tokens = sum(len(r.token_times) for r in done)
+    assert tokens == len(done) * new_tokens
+    ttft = sorted(r.token_times[0] - r.submitted for r in done)
+    gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
+    return {"tokens_per_s": tokens / elapsed, "ttft_p50": _pct(ttft, 50), "ttft_p90": _pct(ttft, 90),
+            "itl_mean": statistics.fmean(gaps), "requests": len(done), "seconds": elapsed}
+
+
+def _pct(values: list[float], q: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model-dir", type=Path, default=Path("out/bench-115m"))
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--per-client", type=int, default=3, help="requests each client sends")
+    parser.add_argument("--prompt-tokens", type=int, default=100)
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    torch.set_num_threads(os.cpu_count() or 1)
+    if not (args.model_dir / "config.json").exists():
+        print(f"building the 115M model in {args.model_dir} ...", flush=True)
+        build_tiny_model(args.model_dir, "bench-115m")
+    tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    prompts = make_prompts(tokenizer, max(levels) * 2, args.prompt_tokens)
+    lengths = [len(tokenizer(p).input_ids) for p in prompts]
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, fp32, {torch.get_num_threads()}"
+          f" threads; prompts {min(lengths)}-{max(lengths)} tokens, {args.new_tokens} new tokens, greedy", flush=True)
+
+    generate_rate(model, tokenizer, prompts[:2], 8)  # warm-up
+    single = statistics.fmean(generate_rate(model, tokenizer, [p], args.new_tokens) for p in prompts[:3])
+    static = {c: generate_rate(model, tokenizer, prompts[:c], args.new_tokens) for c in levels if c > 1}
+    print(f"model.generate, one at a time: {single:.1f} tok/s; static batch: "
+          + ", ".join(f"{c}: {r:.1f} tok/s" for c, r in static.items()), flush=True)
+
+    handler = Handler()
+    assert handler.handle(init_input({"model_id": str(args.model_dir.resolve()), "rolling_batch": "auto",
+                                      "max_rolling_batch_size": str(max(levels)), "model_dir": str(args.model_dir)})) \
+        is None
+    handler_run(handler, prompts, 2, 1, 8)  # warm-up
+    rows = []
+    for c in levels:
+        result = handler_run(handler, prompts, c, args.per_client, args.new_tokens)
+        baseline = single if c == 1 else static[c]
+        rows.append({"concurrency": c, **result, "baseline_tokens_per_s": baseline,
+                     "ratio": result["tokens_per_s"] / baseline})
+        print(f"handler, concurrency {c:>2}: {result['tokens_per_s']:6.1f} tok/s = {rows[-1]['ratio']:.2f}x "
+              f"{'single' if c == 1 else 'static-batch'} generate; TTFT p50 {result['ttft_p50']:.2f} s, "
+              f"p90 {result['ttft_p90']:.2f} s; inter-token {result['itl_mean'] * 1000:.0f} ms", flush=True)
+    targets = [("concurrency 16 >= 1.0x static generate", next((r["ratio"] >= 1.0 for r in rows if r["concurrency"] == 16), None)),
+               ("concurrency 1 >= 0.95x single generate", next((r["ratio"] >= 0.95 for r in rows if r["concurrency"] == 1), None)),
+               ("TTFT p50 at concurrency 16 < 4 s", next((r["ttft_p50"] < 4 for r in rows if r["concurrency"] == 16), None))]
+    for name, met in targets:
+        if met is not None:
+            print(f"target {name}: {'met' if met else 'NOT met'}")
+    if args.json:
+        args.json.write_text(json.dumps({"single_generate": single, "static_generate": static, "handler": rows},
+                                        indent=2))
+
+
+if __name__ == "__main__":
+    main()
