@@ -18,6 +18,9 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 # One module per command group; each defines register(app).
 COMMAND_MODULES = [
     "lmi_tools.commands.demo",
+    "lmi_tools.commands.render",
+    "lmi_tools.commands.validate",
+    "lmi_tools.commands.package",
 ]
 
 for _name in COMMAND_MODULES:
