@@ -37,11 +37,11 @@ def run_checks(target: Target) -> list[Finding]:
     findings.append(check_model_source(target))
     backend = check_backend(target)
     findings.extend(backend)
-    if any(f.level == "error" for f in backend) or target.arch is None:
-        return findings
     if target.backend == "scripted":
         findings.append(Finding("info", "hardware", "scripted backend: no weights, so the hardware checks are "
                                                     "skipped"))
+        return findings
+    if any(f.level == "error" for f in backend) or target.arch is None:
         return findings
     findings.extend(check_positions(target))
     findings.extend(check_batching(target))
@@ -82,6 +82,10 @@ def check_keys(target: Target) -> list[Finding]:
         if value is not None and value.strip().lower() not in TRUE + FALSE:
             findings.append(Finding("error", "options", f"option.{key}={value} is not a boolean",
                                     f"use option.{key}=true or false"))
+    for key, value in sorted(target.props.items()):
+        if value != value.rstrip():
+            findings.append(Finding("warning", "options", f"{key} ends in whitespace, which DJLServing keeps as "
+                                    "part of the value", "remove the trailing spaces"))
     if target.non_ascii:
         findings.append(Finding("warning", "options", "serving.properties has non-ASCII characters; DJLServing "
                                 "reads it as ISO-8859-1", "write them as \\uXXXX escapes"))

@@ -28,8 +28,8 @@ CONTENT_RULES = [
     (re.compile(rb"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{34,}(?![A-Za-z0-9])"), "a Hugging Face token"),
 ]
 # Assignments in .env files whose names say they hold a secret.
-ENV_SECRET = re.compile(rb"(?m)^\s*(?:export\s+)?[A-Z0-9_]*(?:SECRET|PASSWORD|TOKEN|API_KEY|ACCESS_KEY)[A-Z0-9_]*"
-                        rb"\s*=\s*[\"']?[^\s\"'#]+")
+ENV_SECRET = re.compile(rb"(?m)^\s*(?:export\s+)?(?:[A-Z0-9]+_)*(?:SECRET|PASSWORD|PASSWD|TOKEN|API_KEY|ACCESS_KEY"
+                        rb"|PRIVATE_KEY)(?:_[A-Z0-9]+)*\s*=\s*[\"']?[^\s\"'#]+")
 
 
 def is_env_file(name: str) -> bool:

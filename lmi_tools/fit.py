@@ -124,7 +124,8 @@ def alternatives(target: Target) -> str:
         return f"TP degrees that fit on {target.instance.name}: {_join(degrees)}"
     family = target.instance.name.split(".")[0]
     options = []
-    for other in sorted(INSTANCES.values(), key=lambda i: (i.cores, i.price_per_hour or 0)):
+    unpriced = float("inf")
+    for other in sorted(INSTANCES.values(), key=lambda i: (i.cores, i.price_per_hour or unpriced)):
         if other.name.startswith(family + ".") and other.cores > target.instance.cores:
             fitting = working_tp_degrees(replace(target, instance=other))
             if fitting:

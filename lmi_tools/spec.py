@@ -174,10 +174,10 @@ def parse_spec(data: Any, source: str = "spec") -> DeploySpec:
 
 
 def _describe(error: Any) -> str:
-    field = ".".join(str(p) for p in error["loc"]) or "spec"
+    field = ".".join(str(p) for p in error["loc"])
     message = error["msg"].removeprefix("Value error, ")
     if error["type"] == "extra_forbidden":
         message = "is not a spec field"
     value = error.get("input")
     shown = f" (got {value!r})" if error["type"] != "extra_forbidden" and not isinstance(value, dict) else ""
-    return f"{field}: {message}{shown}"
+    return f"{field}: {message}{shown}" if field else message

@@ -89,7 +89,8 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
         findings.append(Finding("error", "properties", str(exc),
                                 "fix this first: the handler would refuse to load with it"))
         return target, findings
-    findings.extend(_load_architecture(target, config_path))
+    if target.config.backend != "scripted":  # the scripted backend has no weights to size
+        findings.extend(_load_architecture(target, config_path))
     resolve_settings(target)
     return target, findings
 
