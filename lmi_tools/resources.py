@@ -2,12 +2,12 @@
 
 In a wheel they live inside the package (``lmi_tools/model_templates``, ``lmi_tools/serving_properties``,
 mapped from the repository's top-level folders in ``pyproject.toml``); in a source checkout they are
-the top-level folders themselves. ``resource_dir`` looks for the installed copy first.
+the top-level folders themselves. ``resource_dir`` looks inside the package first (``importlib.resources``).
 """
 
 from __future__ import annotations
 
-from importlib.util import find_spec
+from importlib.resources import files
 from pathlib import Path
 
 from .errors import ToolError, UsageError
@@ -19,12 +19,11 @@ PRESET_SPEC = "spec.toml"
 
 
 def resource_dir(name: str) -> Path:
-    try:
-        spec = find_spec(f"lmi_tools.{name}")
-    except ImportError:
-        spec = None
-    if spec is not None and spec.submodule_search_locations:
-        return Path(next(iter(spec.submodule_search_locations)))
+    # Relative to the lmi_tools actually imported: an installed wheel has the folder inside the package;
+    # a checkout (or an editable install) has it beside the package, at the repository's top level.
+    packaged = Path(str(files("lmi_tools") / name))
+    if packaged.is_dir():
+        return packaged
     checkout = Path(__file__).resolve().parent.parent / name
     if checkout.is_dir():
         return checkout
