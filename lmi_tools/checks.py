@@ -93,13 +93,14 @@ def check_keys(target: Target) -> list[Finding]:
 
 
 def check_model_source(target: Target) -> Finding:
-    model_id = target.props.get("model_id", "")
+    assert target.config is not None
+    model_id, resolved = target.props.get("model_id", ""), target.config.model_id
     if not model_id:
         return Finding("ok", "weights", "weights in the model directory itself")
     if model_id.startswith("s3://"):
         return Finding("info", "weights", f"DJLServing downloads {model_id} before the handler loads")
-    if Path(target.config.model_id).is_dir():  # type: ignore[union-attr]
-        return Finding("ok", "weights", f"local directory {target.config.model_id}")  # type: ignore[union-attr]
+    if Path(resolved).is_dir():
+        return Finding("ok", "weights", f"local directory {resolved}")
     return Finding("info", "weights", f"{model_id} is downloaded from the Hugging Face hub at load time",
                    "the container needs internet access (and HF_TOKEN for gated models), or give a local "
                    "directory or s3:// prefix")
@@ -130,6 +131,10 @@ def check_positions(target: Target) -> list[Finding]:
     arch, key, positions = target.arch, _positions_key(target), target.positions
     assert arch is not None
     findings = []
+    raw = target.props.get(key)
+    if raw is not None and not target.positions_set:
+        return [Finding("error", "sequence length", f"option.{key}={raw} is not a positive integer",
+                        f"e.g. option.{key}=4096")]
     if not target.positions_set:
         findings.append(Finding("warning" if target.backend == "neuronx" else "info", "sequence length",
                                 f"option.{key} is not set: memory below assumes the model's {arch.max_positions} "

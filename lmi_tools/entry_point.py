@@ -89,6 +89,7 @@ def _check_module(module: str, exists: Callable[[str], bool], runtime_vendored: 
     if module == RUNTIME_ENTRY and not runtime_vendored:
         return EntryPoint(True, f"{prefix}{module} (vendored by lmi package)")
     if module.startswith("djl_python"):
-        return EntryPoint(False, f"{prefix}{module} is DJLServing's built-in handler, not lmi_handlers")
+        return EntryPoint(False, f"{prefix}{module} is DJLServing's built-in handler, not lmi_handlers",
+                          f"import handle from {RUNTIME_ENTRY} instead")
     return EntryPoint(False, f"{prefix}{module} is not part of the model, so it must come from the container",
                       "package the model with lmi package, which vendors lmi_handlers beside model.py")

@@ -64,6 +64,8 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
 
 
 def _describe(target: Target) -> str:
+    if target.backend == "scripted":
+        return "none (scripted backend)"
     if not target.arch:
         return "unknown (no config.json)"
     a = target.arch
@@ -116,11 +118,11 @@ def _load_architecture(target: Target, config_path: str | Path | None) -> list[F
     local = Path(target.config.model_id)
     candidates = [local / "config.json"] if local.is_dir() else []
     candidates.append(target.model_dir / "config.json")
-    bundled = known_model_config(model_id) if model_id and not local.is_dir() else None
     for path in candidates:
         if path.is_file():
             target.arch, target.arch_source = read_architecture(load_config(path)), str(path)
             return []
+    bundled = known_model_config(model_id) if model_id and not local.is_dir() else None
     if bundled:
         target.arch = read_architecture(load_config(bundled))
         target.arch_source = f"the bundled reference config of {model_id}"

@@ -161,6 +161,12 @@ def test_context_buckets_longer_than_n_positions(tmp_path):
     assert "[2048] exceed n_positions=1024" in error.message
 
 
+def test_n_positions_must_be_an_integer(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": "4k"}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B)).errors
+    assert error.message == "option.n_positions=4k is not a positive integer"
+
+
 def test_unset_n_positions_warns_and_sizes_for_the_model(tmp_path):
     props = {**NEURON, "option.tensor_parallel_degree": 2}
     report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
