@@ -150,7 +150,8 @@ def _version_of(source: str) -> str | None:
     except SyntaxError:
         return None
     for node in tree.body:
-        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
+        names = [t.id for t in node.targets if isinstance(t, ast.Name)] if isinstance(node, ast.Assign) else []
+        if "__version__" in names:
             if isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
                 return node.value.value
     return None

@@ -161,7 +161,8 @@ def load_spec(path: str | Path) -> DeploySpec:
         data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (ValueError, tomllib.TOMLDecodeError) as exc:
         kind = "JSON" if path.suffix == ".json" else "TOML"
-        raise UsageError(f"{path} is not valid {kind}: {exc}", hint="specs are TOML (*.toml) or JSON (*.json)") from None
+        raise UsageError(f"{path} is not valid {kind}: {exc}",
+                         hint="specs are TOML (*.toml) or JSON (*.json)") from None
     return parse_spec(data, str(path))
 
 

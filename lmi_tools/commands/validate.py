@@ -31,7 +31,8 @@ def validate(model_dir: Path = typer.Argument(..., help="Model directory (with s
         print_report(report)
     if not report.ok:
         first = report.errors[0]
-        raise ValidationFailed(f"{len(report.errors)} error(s) in {model_dir}: {first.message}", hint=first.hint or None)
+        raise ValidationFailed(f"{len(report.errors)} error(s) in {model_dir}: {first.message}",
+                               hint=first.hint or None)
 
 
 def print_report(report) -> None:
