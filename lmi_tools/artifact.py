@@ -16,14 +16,14 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 
 from .credentials import reason_from_content, reason_from_name, should_scan
 from .entry_point import EntryPoint, resolve
 from .errors import UsageError
 from .package import sha256_of
 from .properties import init_properties, parse_properties
-from .target import quiet
+from .target import backend_option_keys, quiet
 
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 
@@ -118,7 +118,7 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
     try:
         with quiet("lmi_handlers.config"):
             config = HandlerConfig.from_properties({**props, "model_dir": CONTAINER_MODEL_DIR})
-            unknown = check_unknown_keys(props, NEURONX_KEYS if props.get("backend") == "neuronx" else ())
+            unknown = check_unknown_keys(props, backend_option_keys(config.backend))
     except ConfigError as exc:
         report.problems.append(f"serving.properties: {exc}")
         return

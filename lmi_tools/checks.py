@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_handlers.config import NEURONX_KEYS, check_unknown_keys
+from lmi_handlers.config import check_unknown_keys
 
 from .entry_point import resolve
 from .fit import fit_checks
-from .target import FALSE, TRUE, Finding, Target, flag, quiet
+from .target import FALSE, TRUE, Finding, Target, backend_option_keys, flag, quiet
 
 # Model types transformers-neuronx has a model class for (NeuronAutoModelForCausalLM, tnx 0.11).
 NEURONX_MODEL_TYPES = ("llama", "code_llama", "mistral", "mixtral", "opt", "gpt2", "gptj", "gpt_neox", "bloom")
@@ -75,7 +75,7 @@ def check_keys(target: Target) -> list[Finding]:
     if backend == "auto":
         backend = "neuronx" if target.instance.kind == "neuron" else "hf"
     with quiet("lmi_handlers.config"):
-        unknown = check_unknown_keys(target.props, NEURONX_KEYS if backend == "neuronx" else ())
+        unknown = check_unknown_keys(target.props, backend_option_keys(backend))
     findings = [Finding("warning", "options", message, "remove it or fix its name") for message in unknown]
     for key in BOOLEAN_KEYS:
         value = target.props.get(key)

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import jinja2
 
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 
 from .errors import ToolError, UsageError
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec
-from .target import quiet
+from .target import backend_option_keys, quiet
 
 # Rendered file -> template.
 OUTPUTS = {"serving.properties": "serving.properties.j2", "model.py": "model.py.j2",
@@ -64,7 +64,7 @@ def parse_rendered(text: str, model_dir: Path) -> HandlerConfig:
     except ConfigError as exc:
         raise ToolError(f"the rendered serving.properties would not load: {exc}") from None
     with quiet("lmi_handlers.config"):
-        unknown = check_unknown_keys(props, NEURONX_KEYS if props.get("backend") == "neuronx" else ())
+        unknown = check_unknown_keys(props, backend_option_keys(config.backend))
     if unknown:
         raise ToolError(f"the rendered serving.properties has options the runtime ignores: {'; '.join(unknown)}")
     return config

@@ -16,10 +16,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lmi_handlers.config import HANDLER_KEYS, NEURONX_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
 
 from .errors import UsageError
 from .instances import INSTANCES, lookup
+from .target import backend_option_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -120,13 +121,15 @@ class DeploySpec(BaseModel):
             raise ValueError(f"backend neuronx needs an Inferentia2/Trainium instance, not {self.instance_type}")
         if self.quantize and self.resolved_backend != "neuronx":
             raise ValueError("quantize is supported by the neuronx backend only")
-        _check_keys(self.options, HANDLER_KEYS | NEURONX_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS),
-                    "options")
+        backend_keys = {b: backend_option_keys(b) - HANDLER_KEYS for b in ("neuronx", "scripted")}
+        option_keys = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
+        _check_keys(self.options, option_keys.union(*backend_keys.values()), "options")
         _check_keys(self.server, SERVER_ONLY_KEYS, "server")
-        neuron_only = sorted(set(self.options) & (NEURONX_KEYS - HANDLER_KEYS))
-        if neuron_only and self.resolved_backend != "neuronx":
-            raise ValueError(f"options {', '.join(neuron_only)} are read by the neuronx backend only, and this "
-                             f"spec uses {self.resolved_backend}")
+        for backend, keys in backend_keys.items():
+            foreign = sorted(set(self.options) & keys)
+            if foreign and self.resolved_backend != backend:
+                raise ValueError(f"options {', '.join(foreign)} are read by the {backend} backend only, and this "
+                                 f"spec uses {self.resolved_backend}")
         return self
 
     @property

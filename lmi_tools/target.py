@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from lmi_handlers.config import HandlerConfig
+from lmi_handlers.config import NEURONX_KEYS, HandlerConfig
 
 from .architecture import Architecture
 from .instances import Instance
@@ -50,6 +50,17 @@ class Target:
     positions: int = 0
     positions_set: bool = False
     non_ascii: bool = False
+
+
+def backend_option_keys(backend: str) -> frozenset[str]:
+    """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
+    if backend == "neuronx":
+        return NEURONX_KEYS
+    if backend == "scripted":
+        from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
+
+        return frozenset(ScriptedBackend.option_keys)
+    return frozenset()
 
 
 def flag(props: Mapping[str, str], key: str) -> bool:

@@ -7,12 +7,13 @@ import json
 import jinja2
 import pytest
 
-from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import HandlerConfig, check_unknown_keys
 from lmi_tools.errors import UsageError
 from lmi_tools.properties import parse_directives, read_serving_properties
 from lmi_tools.render import environment, render_files, write_model_dir
 from lmi_tools.resources import preset_names, preset_spec
 from lmi_tools.spec import load_spec, parse_spec
+from lmi_tools.target import backend_option_keys
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {
@@ -26,7 +27,8 @@ EXTRA_SPECS = {
                         "server": {"job_queue_size": 100, "max_idle_time": 120}},
     "s3-weights": {**BASE, "model_id": "s3://bucket/models/opt-13b/"},
     "weights-in-model-dir": {"instance_type": "inf2.xlarge", "tensor_parallel_degree": 2, "backend": "auto"},
-    "scripted": {"instance_type": "g5.xlarge", "backend": "scripted"},
+    "scripted": {"instance_type": "g5.xlarge", "backend": "scripted",
+                 "options": {"scripted_text": "hello there", "scripted_step_delay_ms": 5}},
 }
 
 
@@ -48,7 +50,7 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     config = HandlerConfig.from_properties({**props, "model_dir": str(tmp_path)})
     backend = spec.resolved_backend
     assert config.backend == backend
-    assert check_unknown_keys(props, NEURONX_KEYS if backend == "neuronx" else ()) == []
+    assert check_unknown_keys(props, backend_option_keys(backend)) == []
     assert config.tensor_parallel_degree == spec.tensor_parallel_degree
     assert config.rolling == spec.rolling_batch
     assert config.batch_size == (1 if spec.rolling_batch else spec.batch_size)
@@ -142,6 +144,7 @@ def test_values_that_do_not_fit_a_properties_line_are_refused():
     ({"server": {"job_queue_sise": 5}}, "did you mean 'job_queue_size'"),
     ({"instance_type": "g5.12xlarge", "options": {"context_length_estimate": [512]}},
      "read by the neuronx backend only"),
+    ({"options": {"scripted_text": "x"}}, "read by the scripted backend only"),
 ])
 def test_spec_errors_name_the_field(change, message):
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
