@@ -21,9 +21,11 @@ MAX_SCAN_BYTES = 64 * 1024**2
 
 CONTENT_RULES = [
     (re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), "a private key block"),
-    (re.compile(rb"(?i)aws_?secret_?access_?key[\"'\s]*[:=]\s*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
+    # Assigned to its usual name (aws_secret_access_key, AWS_SECRET_ACCESS_KEY, "SecretAccessKey": ...):
+    # a bare 40-character string is too common (git hashes) to mean anything on its own.
+    (re.compile(rb"(?i)(?:aws_?)?secret_?access_?key[\"'\s]*[:=]\s*[\"']?[A-Za-z0-9/+]{40}(?![A-Za-z0-9/+])"),
      "an AWS secret access key"),
-    (re.compile(rb"(?i)aws_?session_?token[\"'\s]*[:=]\s*[\"']?[A-Za-z0-9/+=]{100,}"), "an AWS session token"),
+    (re.compile(rb"(?i)(?:aws_?)?session_?token[\"'\s]*[:=]\s*[\"']?[A-Za-z0-9/+=]{100,}"), "an AWS session token"),
     (re.compile(rb"(?<![A-Z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Z0-9])"), "an AWS access key id"),
     (re.compile(rb"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{34,}(?![A-Za-z0-9])"), "a Hugging Face token"),
 ]

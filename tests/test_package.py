@@ -175,6 +175,8 @@ def test_links_inside_are_followed_links_outside_refused(model, tmp_path):
     ("config/settings.ini", f"aws_secret_access_key = {AWS_SECRET}\n"),
     ("deploy.yaml", "key: |\n  -----BEGIN OPENSSH PRIVATE KEY-----\n  abc\n"),
     ("hub.json", '{"token": "hf_' + "a" * 34 + '"}'),
+    ("sts.json", '{"Credentials": {"AccessKeyId": "x", "SecretAccessKey": "' + AWS_SECRET + '"}}'),
+    ("session.txt", "aws_session_token=" + "A" * 120 + "\n"),
 ])
 def test_credentials_are_refused(model, tmp_path, name, content):
     path = model / name
@@ -199,6 +201,7 @@ def test_ordinary_env_and_token_words_pass(model, tmp_path):
     (model / ".env").write_text("LOG_LEVEL=debug\nMAX_TOKENS=64\n")
     (model / "tokenizer_config.json").write_text('{"pad_token": "<pad>", "eos_token": "</s>"}')
     (model / "gen.py").write_text("EOS_TOKEN = 2\n")
+    (model / "commit.txt").write_text("built from 3f2a9c1e5b7d4a6f8e0c2b4d6f8a0c2e4b6d8f0a\n")
     build(model, tmp_path / "model.tar.gz", None)
 
 

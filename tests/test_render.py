@@ -7,7 +7,7 @@ import json
 import jinja2
 import pytest
 
-from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
 from lmi_tools.errors import UsageError
 from lmi_tools.properties import parse_directives, read_serving_properties
 from lmi_tools.render import environment, render_files, write_model_dir
@@ -51,6 +51,8 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     backend = spec.resolved_backend
     assert config.backend == backend
     assert check_unknown_keys(props, backend_option_keys(backend)) == []
+    if backend != "scripted":
+        assert check_unknown_keys(props, NEURONX_KEYS) == []
     assert config.tensor_parallel_degree == spec.tensor_parallel_degree
     assert config.rolling == spec.rolling_batch
     assert config.batch_size == (1 if spec.rolling_batch else spec.batch_size)
