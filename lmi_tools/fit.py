@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from .instances import INSTANCES, Instance
-from .sizing import GIB, DTYPE_BYTES, HeadLayout, Footprint, footprint, gib, gpu_head_layout, neuron_head_layout
+from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
 from .target import Finding, Target, flag
 
 HEADROOM = 0.10
