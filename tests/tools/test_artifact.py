@@ -1,0 +1,145 @@
+"""lmi inspect: checks an artifact from the archive alone; unsafe members are rejected, never extracted."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import lmi_handlers
+from lmi_tools.artifact import inspect_artifact, member_problem, unpack
+from lmi_tools.errors import UsageError
+from lmi_tools.package import build
+
+SHIM = "from lmi_handlers.entrypoint import handle  # noqa: F401\n"
+PROPERTIES = ("# lmi: instance_type=g5.xlarge\nengine=Python\noption.entryPoint=model.py\noption.backend=scripted\n"
+              "option.rolling_batch=disable\n")
+
+
+@pytest.fixture
+def artifact(tmp_path) -> Path:
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "serving.properties").write_text(PROPERTIES)
+    (model / "model.py").write_text(SHIM)
+    (model / "weights").mkdir()
+    (model / "weights" / "config.json").write_text("{}")
+    build(model, tmp_path / "model.tar.gz", None)
+    return tmp_path / "model.tar.gz"
+
+
+def make_tar(path: Path, members: list[tuple[tarfile.TarInfo, bytes | None]], mode: str = "w:gz") -> Path:
+    with tarfile.open(path, mode) as tar:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            tar.addfile(info, io.BytesIO(data) if data is not None else None)
+    return path
+
+
+def regular(name: str, data: bytes) -> tuple[tarfile.TarInfo, bytes]:
+    return tarfile.TarInfo(name), data
+
+
+def link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tuple[tarfile.TarInfo, None]:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info, None
+
+
+def test_our_artifact_passes(artifact):
+    report = inspect_artifact(artifact)
+    assert report.ok, report.problems
+    names = [name for name, _ in report.files]
+    assert names == sorted(names)
+    assert {"serving.properties", "model.py", "weights/config.json", "lmi_handlers/__init__.py",
+            "lmi_handlers/entrypoint.py"} <= set(names)
+    assert report.runtime_version == lmi_handlers.__version__
+    assert report.entry_point == "model.py -> lmi_handlers.entrypoint (inside the model)"
+    assert report.total_bytes == sum(size for _, size in report.files)
+    assert len(report.sha256) == 64 and report.compressed_bytes == artifact.stat().st_size
+
+
+def test_inspect_writes_nothing(artifact, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    inspect_artifact(artifact)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("member, problem", [
+    (regular("/etc/cron.d/evil", b"x"), "absolute path"),
+    (regular("../evil.py", b"x"), "'..' in the path"),
+    (regular("lmi_handlers/../../evil.py", b"x"), "'..' in the path"),
+    (link("escape", "/etc/passwd"), "points outside the archive"),
+    (link("sub/escape", "../../outside"), "points outside the archive"),
+    (link("hard", "../outside", tarfile.LNKTYPE), "points outside the archive"),
+    (link("dev", "", tarfile.CHRTYPE), "device, FIFO or other special member"),
+])
+def test_unsafe_members_are_problems_and_never_unpacked(tmp_path, member, problem):
+    archive = make_tar(tmp_path / "evil.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                                  regular("model.py", SHIM.encode()), member])
+    report = inspect_artifact(archive)
+    assert any(problem in p for p in report.problems)
+    with pytest.raises(UsageError, match="refusing to unpack"):
+        unpack(archive, tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "evil.py").exists()
+
+
+def test_links_inside_the_archive_are_allowed():
+    info = tarfile.TarInfo("weights/alias.json")
+    info.type, info.linkname = tarfile.SYMTYPE, "config.json"
+    assert member_problem(info) is None
+
+
+def test_missing_pieces_are_reported(tmp_path):
+    archive = make_tar(tmp_path / "a.tar.gz", [regular("model.py", b"import os\n")])
+    report = inspect_artifact(archive)
+    assert "no serving.properties at the top of the archive" in report.problems
+    archive = make_tar(tmp_path / "b.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                               regular("model.py", SHIM.encode())])
+    report = inspect_artifact(archive)
+    assert any("lmi_handlers.entrypoint is not part of the model" in p for p in report.problems)
+    assert "no vendored lmi_handlers (the container must provide it)" in report.notes
+
+
+def test_bad_properties_and_credentials_inside(tmp_path):
+    bad = PROPERTIES + "option.rolling_batch=lmi-dist\n"
+    key_id = "AKIA" + "IOSFODNN7EXAMPLE"
+    archive = make_tar(tmp_path / "a.tar", [regular("./serving.properties", bad.encode()),
+                                            regular("./model.py", SHIM.encode()),
+                                            regular("./notes.txt", f"id {key_id}\n".encode()),
+                                            regular("./lmi_tools/cli.py", b"")], mode="w")
+    report = inspect_artifact(archive)
+    assert any(p.startswith("serving.properties: option.rolling_batch") for p in report.problems)
+    assert any("notes.txt: looks like a credential" in p for p in report.problems)
+    assert any("lmi_tools does not belong" in n for n in report.notes)
+
+
+def test_version_mismatch_is_a_note(tmp_path):
+    archive = make_tar(tmp_path / "a.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                               regular("model.py", SHIM.encode()),
+                                               regular("lmi_handlers/__init__.py", b'__version__ = "0.0.1"\n'),
+                                               regular("lmi_handlers/entrypoint.py", b"def handle(x): pass\n")])
+    report = inspect_artifact(archive)
+    assert report.ok and report.runtime_version == "0.0.1"
+    assert any("vendored lmi_handlers 0.0.1" in n for n in report.notes)
+
+
+def test_not_an_archive(tmp_path):
+    (tmp_path / "x.tar.gz").write_bytes(b"not a tarball")
+    with pytest.raises(UsageError, match="not a tar archive"):
+        inspect_artifact(tmp_path / "x.tar.gz")
+    with pytest.raises(UsageError, match="does not exist"):
+        inspect_artifact(tmp_path / "missing.tar.gz")
+
+
+def test_unpack_round_trip(artifact, tmp_path):
+    out = unpack(artifact, tmp_path / "unpacked")
+    model = tmp_path / "model"
+    for name in ("serving.properties", "model.py", "weights/config.json"):
+        assert (out / name).read_bytes() == (model / name).read_bytes()
+    assert (out / "lmi_handlers" / "entrypoint.py").read_bytes() == \
+        (Path(lmi_handlers.__file__).parent / "entrypoint.py").read_bytes()

@@ -1,0 +1,236 @@
+"""lmi package: reproducible bytes, the vendored runtime, refused links and credentials, S3 layout."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tarfile
+from pathlib import Path
+
+import pytest
+
+import lmi_handlers
+from lmi_tools.errors import UsageError, ValidationFailed
+from lmi_tools.package import DEFAULT_MTIME, PackagingError, build, collect, write_tarball
+
+SHIM = "from lmi_handlers.entrypoint import handle  # noqa: F401\n"
+PROPERTIES = ("# lmi: instance_type=g5.xlarge\nengine=Python\noption.entryPoint=model.py\noption.backend=scripted\n"
+              "option.rolling_batch=disable\n")
+AWS_KEY_ID = "AKIA" + "IOSFODNN7EXAMPLE"          # AWS's documented example key, split so no scanner
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/" + "bPxRfiCYEXAMPLEKEY"  # trips over this test file itself
+
+
+@pytest.fixture
+def model(tmp_path) -> Path:
+    directory = tmp_path / "model"
+    (directory / "tokenizer").mkdir(parents=True)
+    (directory / "serving.properties").write_text(PROPERTIES)
+    (directory / "model.py").write_text(SHIM)
+    (directory / "requirements.txt").write_text("# none\n")
+    (directory / "tokenizer" / "tokenizer.json").write_text('{"model": {"vocab": {"a": 0}}}')
+    (directory / "weights.bin").write_bytes(os.urandom(4096))
+    (directory / "run.sh").write_text("#!/bin/sh\n")
+    (directory / "run.sh").chmod(0o755)
+    (directory / "__pycache__").mkdir()
+    (directory / "__pycache__" / "model.cpython-311.pyc").write_bytes(b"\0")
+    (directory / ".git").mkdir()
+    (directory / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (directory / "empty").mkdir()
+    return directory
+
+
+def names_in(archive: Path) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return tar.getnames()
+
+
+def runtime_files() -> list[str]:
+    package = Path(lmi_handlers.__file__).parent
+    return sorted(f"lmi_handlers/{p.relative_to(package).as_posix()}" for p in package.rglob("*.py")
+                  if "__pycache__" not in p.parts)
+
+
+def test_artifact_holds_the_model_and_the_runtime_only(model, tmp_path):
+    out = tmp_path / "model.tar.gz"
+    build(model, out, None)
+    names = names_in(out)
+    expected = sorted(["model.py", "requirements.txt", "run.sh", "serving.properties", "tokenizer/tokenizer.json",
+                       "weights.bin", *runtime_files()])
+    assert names == expected  # sorted, no caches, no .git, no empty folders, no lmi_tools or tests
+    assert "lmi_handlers/entrypoint.py" in names and not any(n.startswith(("lmi_tools", "tests")) for n in names)
+
+
+def test_headers_are_normalized(model, tmp_path):
+    out = tmp_path / "model.tar.gz"
+    build(model, out, None)
+    with tarfile.open(out) as tar:
+        for member in tar.getmembers():
+            assert member.isfile()
+            assert (member.mtime, member.uid, member.gid, member.uname, member.gname) == (DEFAULT_MTIME, 0, 0, "", "")
+            assert member.mode == (0o755 if member.name == "run.sh" else 0o644)
+    header = out.read_bytes()[:10]
+    assert header[:3] == b"\x1f\x8b\x08" and header[3] & 0x08 == 0  # gzip, no file name stored
+    assert int.from_bytes(header[4:8], "little") == DEFAULT_MTIME
+
+
+def sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_same_input_same_sha256(model, tmp_path):
+    first = build(model, tmp_path / "a.tar.gz", None)
+    second = build(model, tmp_path / "b.tar.gz", None)
+    assert first.sha256 == second.sha256 == sha(tmp_path / "a.tar.gz")
+    for path in model.rglob("*"):  # new mtimes, a copy elsewhere: still the same bytes
+        os.utime(path, (1_700_000_000, 1_700_000_000))
+    copy = tmp_path / "elsewhere" / "model"
+    shutil.copytree(model, copy)
+    assert build(copy, tmp_path / "c.tar.gz", None).sha256 == first.sha256
+
+
+def test_content_changes_change_the_sha256(model, tmp_path):
+    first = build(model, tmp_path / "a.tar.gz", None).sha256
+    (model / "requirements.txt").write_text("numpy\n")
+    assert build(model, tmp_path / "b.tar.gz", None).sha256 != first
+
+
+def test_source_date_epoch(model, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "1700000000")
+    out = tmp_path / "model.tar.gz"
+    build(model, out, None)
+    with tarfile.open(out) as tar:
+        assert {m.mtime for m in tar.getmembers()} == {1_700_000_000}
+    monkeypatch.setenv("SOURCE_DATE_EPOCH", "yesterday")
+    with pytest.raises(UsageError, match="SOURCE_DATE_EPOCH"):
+        build(model, out, None)
+
+
+def test_round_trip_through_tar(model, tmp_path):
+    out = tmp_path / "model.tar.gz"
+    build(model, out, None)
+    with tarfile.open(out) as tar:
+        for name in ("model.py", "weights.bin", "tokenizer/tokenizer.json"):
+            assert tar.extractfile(name).read() == (model / name).read_bytes()
+        assert tar.extractfile("lmi_handlers/__init__.py").read() == \
+            (Path(lmi_handlers.__file__)).read_bytes()
+
+
+def test_uncompressed_layout_matches_the_tarball(model, tmp_path):
+    out, tree = tmp_path / "model.tar.gz", tmp_path / "s3-prefix"
+    build(model, out, tree)
+    files = sorted(p.relative_to(tree).as_posix() for p in tree.rglob("*") if p.is_file())
+    assert files == names_in(out)
+    folders = [p for p in tree.rglob("*") if p.is_dir()]
+    assert all(any(q.is_file() for q in d.rglob("*")) for d in folders)  # no empty folder keys for S3
+    assert not any(p.is_symlink() for p in tree.rglob("*"))
+    assert (tree / "weights.bin").read_bytes() == (model / "weights.bin").read_bytes()
+    with pytest.raises(UsageError, match="not empty"):
+        build(model, None, tree)
+
+
+def test_output_inside_the_model_directory_is_not_packaged(model):
+    build(model, model / "model.tar.gz", None)
+    build(model, model / "model.tar.gz", None)  # the previous artifact is not swallowed
+    assert "model.tar.gz" not in names_in(model / "model.tar.gz")
+
+
+def test_model_dir_lmi_handlers_is_replaced(model, tmp_path):
+    (model / "lmi_handlers").mkdir()
+    (model / "lmi_handlers" / "stale.py").write_text("x = 1\n")
+    artifact = build(model, tmp_path / "model.tar.gz", None)
+    assert artifact.replaced_runtime
+    assert "lmi_handlers/stale.py" not in names_in(tmp_path / "model.tar.gz")
+
+
+def test_links_inside_are_followed_links_outside_refused(model, tmp_path):
+    (model / "alias.json").symlink_to("tokenizer/tokenizer.json")
+    (model / "tok").symlink_to("tokenizer", target_is_directory=True)
+    entries = {e.name for e in collect(model)}
+    assert {"alias.json", "tok/tokenizer.json"} <= entries
+    secret = tmp_path / "outside.txt"
+    secret.write_text("outside")
+    (model / "escape.txt").symlink_to(secret)
+    (model / "up").symlink_to("..", target_is_directory=True)
+    (model / "dangling").symlink_to("missing-file")
+    (model / "loop").symlink_to(".", target_is_directory=True)
+    with pytest.raises(PackagingError) as info:
+        collect(model)
+    message = str(info.value)
+    assert "escape.txt: symbolic link to" in message and "points outside the model directory" in message
+    assert "up: symbolic link to .." in message
+    assert "dangling: broken symbolic link" in message
+    assert "loop: symbolic link loops back" in message
+
+
+@pytest.mark.parametrize("name, content", [
+    (".aws/credentials", "[default]\naws_access_key_id = x\n"),
+    ("certs/server.pem", "not even a key\n"),
+    ("id_rsa", "anything\n"),
+    (".netrc", "machine x login y password z\n"),
+    (".env", f"AWS_SECRET_ACCESS_KEY={AWS_SECRET}\n"),
+    ("prod.env", "export HF_TOKEN=abc123\n"),
+    ("notes.txt", f"the key id is {AWS_KEY_ID}\n"),
+    ("config/settings.ini", f"aws_secret_access_key = {AWS_SECRET}\n"),
+    ("deploy.yaml", "key: |\n  -----BEGIN OPENSSH PRIVATE KEY-----\n  abc\n"),
+    ("hub.json", '{"token": "hf_' + "a" * 34 + '"}'),
+    ("sts.json", '{"Credentials": {"AccessKeyId": "x", "SecretAccessKey": "' + AWS_SECRET + '"}}'),
+    ("session.txt", "aws_session_token=" + "A" * 120 + "\n"),
+])
+def test_credentials_are_refused(model, tmp_path, name, content):
+    path = model / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content)
+    with pytest.raises(PackagingError, match=f"{name}: looks like a credential") as info:
+        build(model, tmp_path / "model.tar.gz", None)
+    assert "never in the artifact" in info.value.hint
+    assert not (tmp_path / "model.tar.gz").exists()
+
+
+def test_every_problem_is_listed_at_once(model, tmp_path):
+    (model / "id_rsa").write_text("x")
+    (model / "key.pem").write_text("x")
+    (model / "escape").symlink_to(tmp_path)
+    with pytest.raises(PackagingError) as info:
+        build(model, tmp_path / "model.tar.gz", None)
+    assert all(n in str(info.value) for n in ("id_rsa", "key.pem", "escape"))
+
+
+def test_ordinary_env_and_token_words_pass(model, tmp_path):
+    (model / ".env").write_text("LOG_LEVEL=debug\nMAX_TOKENS=64\n")
+    (model / "tokenizer_config.json").write_text('{"pad_token": "<pad>", "eos_token": "</s>"}')
+    (model / "gen.py").write_text("EOS_TOKEN = 2\n")
+    (model / "commit.txt").write_text("built from 3f2a9c1e5b7d4a6f8e0c2b4d6f8a0c2e4b6d8f0a\n")
+    build(model, tmp_path / "model.tar.gz", None)
+
+
+def test_validation_gates_packaging(model, tmp_path):
+    text = (model / "serving.properties").read_text().replace("option.entryPoint=model.py", "option.entryPoint=x.py")
+    (model / "serving.properties").write_text(text)
+    with pytest.raises(ValidationFailed, match="there is no x.py") as info:
+        build(model, tmp_path / "model.tar.gz", None)
+    assert "--no-validate" in info.value.hint
+    build(model, tmp_path / "model.tar.gz", None, validate=False)
+
+
+def test_a_serving_properties_is_required(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="no serving.properties"):
+        build(tmp_path / "empty", tmp_path / "model.tar.gz", None, validate=False)
+
+
+def test_write_tarball_is_atomic(model, tmp_path):
+    entries = collect(model)
+    out = tmp_path / "model.tar.gz"
+    (model / "weights.bin").unlink()  # vanishes between collecting and writing
+    with pytest.raises(FileNotFoundError):
+        write_tarball(entries, out)
+    assert list(tmp_path.glob("*model.tar.gz*")) == []
+
+
+def test_gzip_stream_decompresses_to_a_plain_tar(model, tmp_path):
+    out = tmp_path / "model.tar.gz"
+    build(model, out, None)
+    raw = gzip.decompress(out.read_bytes())
+    assert raw[257:262] == b"ustar"

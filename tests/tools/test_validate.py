@@ -1,0 +1,330 @@
+"""lmi validate: the rules of reference neuron.md §3 applied to model directories."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from lmi_tools.errors import UsageError
+from lmi_tools.render import write_model_dir
+from lmi_tools.resources import preset_names, preset_spec
+from lmi_tools.spec import load_spec
+from lmi_tools.validate import validate_model_dir
+
+from .model_shapes import LLAMA_2_7B, LLAMA_2_13B
+
+SHIM = "from lmi_handlers.entrypoint import handle  # noqa: F401\n"
+NEURON = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "neuronx",
+          "option.rolling_batch": "disable", "option.dtype": "fp16"}
+
+
+def make_dir(root: Path, props: dict, instance: str | None = "inf2.48xlarge", config: dict | None = None,
+             model_py: str | None = SHIM, name: str = "model") -> Path:
+    directory = root / name
+    directory.mkdir(parents=True, exist_ok=True)
+    lines = [f"# lmi: instance_type={instance}"] if instance else []
+    lines += [f"{k}={v}" for k, v in props.items()]
+    (directory / "serving.properties").write_text("\n".join(lines) + "\n")
+    if model_py is not None:
+        (directory / "model.py").write_text(model_py)
+    if config is not None:
+        (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
+def by_check(report, check: str) -> list:
+    return [f for f in report.findings if f.check == check]
+
+
+def levels(report, check: str) -> set[str]:
+    return {f.level for f in by_check(report, check)}
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_presets_validate_against_their_model_configs(name, tmp_path):
+    spec = load_spec(preset_spec(name))
+    write_model_dir(spec, tmp_path, f"preset {name}")
+    report = validate_model_dir(tmp_path)
+    assert report.ok, [f"{f.check}: {f.message}" for f in report.errors]
+    assert report.instance == spec.instance_type.removeprefix("ml.")
+    assert "bundled reference config" in report.architecture
+    assert report.figures["model copies"].endswith(f"TP {spec.tensor_parallel_degree}")
+
+
+def opt_13b(tmp_path: Path, tp: int) -> Path:
+    spec = load_spec(preset_spec("opt-13b-inf2-48xlarge")).model_copy(update={"tensor_parallel_degree": tp})
+    write_model_dir(spec, tmp_path / f"tp{tp}", "test")
+    return tmp_path / f"tp{tp}"
+
+
+def test_opt_13b_passes_with_tp_8(tmp_path):
+    report = validate_model_dir(opt_13b(tmp_path, 8))
+    assert report.ok and not report.warnings
+    assert report.figures["model copies"] == "3 x TP 8"
+    assert report.figures["kv cache per token"].startswith("819,200 B")
+
+
+def test_opt_13b_fails_with_tp_3_and_says_what_to_use(tmp_path):
+    report = validate_model_dir(opt_13b(tmp_path, 3))
+    [error] = report.errors
+    assert error.check == "tensor parallel"
+    assert "tensor_parallel_degree=3" in error.message and "1, 2, 4, 8, 24" in error.message
+    assert error.hint == "TP degrees that fit on inf2.48xlarge: 2, 4, 8, 24"
+
+
+def test_tp_beyond_the_cores(tmp_path):
+    directory = make_dir(tmp_path, {**NEURON, "option.tensor_parallel_degree": 4, "option.n_positions": 1024},
+                         "inf2.xlarge", LLAMA_2_7B)
+    [error] = validate_model_dir(directory).errors
+    assert "needs 4 NeuronCores; inf2.xlarge has 2" in error.message
+    assert error.hint == "TP degrees that fit on inf2.xlarge: 1, 2"
+
+
+def test_tp_12_is_a_warning(tmp_path):
+    directory = make_dir(tmp_path, {**NEURON, "option.tensor_parallel_degree": 12, "option.n_positions": 1024},
+                         "inf2.24xlarge", LLAMA_2_7B)
+    report = validate_model_dir(directory)
+    assert report.ok and levels(report, "tensor parallel") == {"warning"}
+
+
+def test_gpt_j_heads_must_divide_tp(tmp_path):
+    gptj = {"model_type": "gptj", "n_embd": 4096, "n_head": 16, "n_layer": 28, "n_positions": 2048,
+            "vocab_size": 50400, "torch_dtype": "float32"}
+    directory = make_dir(tmp_path, {**NEURON, "option.tensor_parallel_degree": 24, "option.n_positions": 2048},
+                         "inf2.48xlarge", gptj)
+    [error] = validate_model_dir(directory).errors
+    assert error.check == "attention heads" and "cannot pad" in error.message
+    assert error.hint == "TP degrees that fit on inf2.48xlarge: 1, 2, 4, 8"
+
+
+def test_padding_and_replication_are_warnings_with_numbers(tmp_path):
+    llama_3 = {**LLAMA_2_7B, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+               "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}
+    props = {**NEURON, "option.dtype": "bf16", "option.tensor_parallel_degree": 24, "option.n_positions": 4096}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.48xlarge", llama_3))
+    messages = [f.message for f in by_check(report, "attention heads")]
+    assert any("Q heads padded 32 -> 48" in m for m in messages)
+    assert any("replicated-heads copies them to 24" in m and "3.0x" in m for m in messages)
+    assert report.figures["kv cache per token"].startswith("393,216 B (384 KiB)")
+
+
+def test_llama_2_7b_memory_needs_tp_2_on_inf2_xlarge(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 1, "option.n_positions": 2048, "batch_size": 4}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge", LLAMA_2_7B))
+    [error] = report.errors
+    assert error.check == "memory" and "KV cache 4.00 GiB" in error.message
+    assert error.hint == "TP degrees that fit on inf2.xlarge: 2"
+
+
+def test_nothing_fits_points_to_bigger_instances(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 4096, "batch_size": 8}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge", LLAMA_2_13B)).errors
+    assert error.check == "memory"
+    assert error.hint.startswith("nothing fits on inf2.xlarge; it fits on inf2.24xlarge (TP 4, 8)")
+
+
+def test_int8_makes_llama_2_13b_fit_two_cores(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 512, "batch_size": 4,
+             "option.enable_saturate_infinity": "true", "option.enable_mixed_precision_accumulation": "true"}
+    fp16 = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge", LLAMA_2_13B, name="fp16"))
+    assert levels(fp16, "memory") == {"warning"}
+    int8 = validate_model_dir(make_dir(tmp_path, {**props, "option.quantize": "static_int8"}, "inf2.xlarge",
+                                       LLAMA_2_13B, name="int8"))
+    assert levels(int8, "memory") == {"ok"} and "int8" in int8.figures["weights"]
+    assert levels(int8, "host memory") == {"warning"}  # 26 GB of fp16 checkpoint vs 16 GiB of host RAM
+
+
+def test_llama_2_13b_fp16_on_neuron_asks_for_accuracy_flags(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 8, "option.n_positions": 2048}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.24xlarge", LLAMA_2_13B))
+    [warning] = [f for f in by_check(report, "dtype") if f.level == "warning"]
+    assert "option.enable_saturate_infinity=true" in warning.hint
+
+
+@pytest.mark.parametrize("model_type, level", [("opt", "error"), ("llama", "warning")])
+def test_positions_beyond_the_model(tmp_path, model_type, level):
+    config = {"model_type": "opt", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12,
+              "ffn_dim": 3072, "max_position_embeddings": 2048, "vocab_size": 50272} if model_type == "opt" \
+        else LLAMA_2_7B
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 8192}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", config))
+    finding = by_check(report, "sequence length")[0]
+    assert finding.level == level and "beyond the model's" in finding.message
+
+
+def test_context_buckets_longer_than_n_positions(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 1024,
+             "option.context_length_estimate": "512,2048"}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B)).errors
+    assert "[2048] exceed n_positions=1024" in error.message
+
+
+def test_n_positions_must_be_an_integer(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": "4k"}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B)).errors
+    assert error.message == "option.n_positions=4k is not a positive integer"
+
+
+def test_unset_n_positions_warns_and_sizes_for_the_model(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
+    assert levels(report, "sequence length") == {"warning"}
+    assert "1 x 4096 tokens" in report.figures["kv cache"]
+
+
+@pytest.mark.parametrize("rolling, message", [
+    (None, "option.rolling_batch is not set"),
+    ("auto", "rewrites auto"),
+])
+def test_rolling_batch_values_djl_would_change(tmp_path, rolling, message):
+    props = {k: v for k, v in NEURON.items() if k != "option.rolling_batch"}
+    if rolling:
+        props["option.rolling_batch"] = rolling
+    props.update({"option.tensor_parallel_degree": 2, "option.n_positions": 1024})
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
+    assert any(f.level == "warning" and message in f.message for f in by_check(report, "batching"))
+
+
+def test_rolling_batch_with_dynamic_batch_is_an_error(tmp_path):
+    props = {**NEURON, "option.rolling_batch": "scheduler", "batch_size": 4}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B)).errors
+    assert error.check == "properties" and "batch_size" in error.message
+
+
+def test_rolling_batch_on_neuron_for_opt_warns(tmp_path):
+    config = {"model_type": "opt", "hidden_size": 768, "num_attention_heads": 12, "num_hidden_layers": 12,
+              "ffn_dim": 3072, "max_position_embeddings": 2048, "vocab_size": 50272}
+    props = {**NEURON, "option.rolling_batch": "scheduler", "option.tensor_parallel_degree": 2,
+             "option.n_positions": 512}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", config))
+    assert any("continuous batching" in f.message for f in by_check(report, "batching"))
+
+
+@pytest.mark.parametrize("entry, model_py, ok, message", [
+    ("model.py", SHIM, True, "model.py -> lmi_handlers.entrypoint (vendored by lmi package)"),
+    ("lmi_handlers.entrypoint", None, True, "vendored by lmi package"),
+    ("model.py", "def handle(inputs):\n    return None\n", True, "defines its own handle()"),
+    ("model.py", None, False, "there is no model.py"),
+    ("model.py", "import os\n", False, "neither defines nor imports handle()"),
+    ("djl_python.transformers_neuronx", None, False, "DJLServing's built-in handler"),
+    ("../outside.py", None, False, "outside the model directory"),
+    (None, None, False, "no option.entryPoint and no model.py"),
+])
+def test_entry_point(tmp_path, entry, model_py, ok, message):
+    props = {k: v for k, v in NEURON.items() if k != "option.entryPoint"}
+    if entry:
+        props["option.entryPoint"] = entry
+    props.update({"option.tensor_parallel_degree": 2, "option.n_positions": 1024})
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B, model_py=model_py))
+    [finding] = by_check(report, "entry point")
+    assert (finding.level == "ok") == ok and message in finding.message
+
+
+def test_unknown_and_misspelt_options(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positons": 1024, "option.load_in_8bit": "maybe",
+             "option.dtype": "fp16 "}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
+    messages = [f.message for f in by_check(report, "options")]
+    assert any("did you mean option.n_positions" in m for m in messages)
+    assert any("load_in_8bit=maybe is not a boolean" in m for m in messages)
+    assert any("dtype ends in whitespace" in m for m in messages)
+
+
+def test_backend_must_match_the_hardware(tmp_path):
+    props = {**NEURON, "option.backend": "hf"}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge", LLAMA_2_7B, name="a")).errors
+    assert "CPU of inf2.xlarge" in error.message
+    [error] = validate_model_dir(make_dir(tmp_path, NEURON, "g5.2xlarge", LLAMA_2_7B, name="b")).errors
+    assert "needs Inferentia2/Trainium" in error.message
+
+
+def test_neuronx_rejects_architectures_without_a_model_class(tmp_path):
+    qwen = {**LLAMA_2_7B, "model_type": "qwen2"}
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 1024}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", qwen)).errors
+    assert "no model class for model_type 'qwen2'" in error.message
+
+
+def test_gpu_instance_with_hf_backend(tmp_path):
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf",
+             "option.tensor_parallel_degree": 1, "option.rolling_batch": "scheduler",
+             "option.max_rolling_batch_size": 32, "option.max_model_len": 4096, "option.dtype": "fp16"}
+    report = validate_model_dir(make_dir(tmp_path, props, "g5.2xlarge", LLAMA_2_7B))
+    [error] = report.errors
+    assert error.check == "memory" and "per A10G GPU" in error.message
+    assert error.hint.startswith("nothing fits on g5.2xlarge; it fits on g5.12xlarge (TP 4)")
+
+
+def test_idle_cores_and_copies(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 8, "option.n_positions": 1024}
+    report = validate_model_dir(make_dir(tmp_path, props, "trn1.32xlarge", LLAMA_2_7B))
+    assert [f.message for f in by_check(report, "model copies")][0].startswith("4 model copies of TP 8 on 32")
+    report = validate_model_dir(make_dir(tmp_path, {**props, "option.tensor_parallel_degree": 16}, "inf2.48xlarge",
+                                         LLAMA_2_7B, name="idle"))
+    assert "tensor parallel" in {f.check for f in report.errors}  # 16 is not an inf2 topology
+
+
+def test_scripted_backend_skips_hardware_checks(tmp_path):
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "scripted",
+             "option.rolling_batch": "disable"}
+    report = validate_model_dir(make_dir(tmp_path, props, "g5.xlarge", LLAMA_2_7B))
+    assert report.ok and any("scripted backend" in f.message for f in report.findings)
+
+
+def test_config_resolution_order(tmp_path):
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (weights / "config.json").write_text(json.dumps(LLAMA_2_13B))
+    props = {**NEURON, "option.model_id": str(weights), "option.tensor_parallel_degree": 8,
+             "option.n_positions": 512}
+    directory = make_dir(tmp_path, props, "inf2.48xlarge", LLAMA_2_7B)
+    assert str(weights / "config.json") in validate_model_dir(directory).architecture  # model_id's directory first
+    explicit = tmp_path / "explicit.json"
+    explicit.write_text(json.dumps(LLAMA_2_7B))
+    report = validate_model_dir(directory, config_path=explicit)
+    assert report.architecture.endswith(f"(from {explicit})")  # --config wins
+    props.pop("option.model_id")
+    own = make_dir(tmp_path, props, "inf2.48xlarge", LLAMA_2_7B, name="own")
+    assert str(own / "config.json") in validate_model_dir(own).architecture
+
+
+def test_missing_config_is_an_error_with_a_hint(tmp_path):
+    props = {**NEURON, "option.model_id": "someone/unknown-model", "option.tensor_parallel_degree": 2}
+    [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge")).errors
+    assert error.check == "architecture" and error.hint == "pass --config PATH/TO/config.json"
+
+
+def test_s3_model_id_is_downloaded_by_djl(tmp_path):
+    props = {**NEURON, "option.model_id": "s3://bucket/llama/", "option.tensor_parallel_degree": 2,
+             "option.n_positions": 1024}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge"), config_path=_write(tmp_path, LLAMA_2_7B))
+    assert report.ok
+    assert "DJLServing downloads s3://bucket/llama/" in by_check(report, "weights")[0].message
+
+
+def _write(tmp_path: Path, config: dict) -> Path:
+    path = tmp_path / "given-config.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def test_instance_comes_from_the_flag_or_the_directive(tmp_path):
+    props = {**NEURON, "option.tensor_parallel_degree": 2, "option.n_positions": 1024}
+    directory = make_dir(tmp_path, props, None, LLAMA_2_7B)
+    with pytest.raises(UsageError, match="no instance type") as info:
+        validate_model_dir(directory)
+    assert "--instance" in info.value.hint
+    assert validate_model_dir(directory, instance="ml.inf2.8xlarge").instance == "inf2.8xlarge"
+    with pytest.raises(UsageError, match="unknown instance type"):
+        validate_model_dir(directory, instance="inf9.tiny")
+
+
+def test_report_is_json_serializable(tmp_path):
+    report = validate_model_dir(opt_13b(tmp_path, 8))
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["ok"] is True and data["backend"] == "neuronx"
+    assert {f["check"] for f in data["findings"]} >= {"tensor parallel", "attention heads", "memory",
+                                                      "sequence length", "batching", "dtype", "model copies",
+                                                      "host memory", "entry point", "options"}
