@@ -132,7 +132,7 @@ def load_model(model_id: str, settings: CompileSettings, store: ArtifactStore | 
     _add_compiler_flags(settings.compiler_flags)
     try:
         model = cls.from_pretrained(model_id, **kwargs)
-    except (AssertionError, KeyError, NotImplementedError, TypeError, ValueError) as exc:
+    except (AssertionError, AttributeError, KeyError, NotImplementedError, TypeError, ValueError) as exc:
         raise BackendError(f"transformers-neuronx refused {settings.model_class}"
                            f"({', '.join(f'{k}={v!r}' for k, v in kwargs.items() if k != 'neuron_config')}): "
                            f"{type(exc).__name__}: {exc}") from exc

@@ -112,8 +112,7 @@ class CpuCausalLM:
 
     def _setup(self, config, *, n_positions, batch_size, amp, tp_degree, context_length_estimate, neuron_config,
                unroll=None):
-        if config.model_type not in self.model_types:
-            raise ValueError(f"{type(self).__name__} cannot run a {config.model_type!r} model")
+        self._check_model_type(config)
         if amp not in AMP_DTYPES:
             raise KeyError(f"amp={amp!r} is not one of {sorted(AMP_DTYPES)}")
         if isinstance(tp_degree, bool) or not isinstance(tp_degree, int) or tp_degree < 1:
@@ -136,6 +135,10 @@ class CpuCausalLM:
             raise ValueError(f"unroll={unroll} does not divide num_layers={config.num_hidden_layers}")
         self._weights_dir = self._artifacts_dir = None
         self._hf = self._neffs = self._cache = None
+
+    def _check_model_type(self, config):
+        if config.model_type not in self.model_types:
+            raise ValueError(f"{type(self).__name__} cannot run a {config.model_type!r} model")
 
     @classmethod
     def from_pretrained(cls, pretrained_model_path, *model_args, **kwargs):

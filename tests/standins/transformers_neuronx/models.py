@@ -96,6 +96,7 @@ class OPTForSampling(_SimpleSampling, NeuronModelBase):
 
     def __init__(self, config, batch_size=1, amp=None, tp_degree=2, n_positions=2048, unroll=None,
                  context_length_estimate=None, context_unroll=1, neuron_config=None, **kwargs):
+        self._check_model_type(config)
         if amp is None:  # the checkpoint's dtype decides
             stored = getattr(config, "torch_dtype", None) or getattr(config, "dtype", None) or "float32"
             amp = AMP_OF_DTYPE[str(stored).replace("torch.", "")]
