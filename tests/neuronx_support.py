@@ -20,6 +20,7 @@ from lmi_tools.djl_frontend import RollingRequest, batch_input, init_input, requ
 
 STANDINS = Path(__file__).parent / "standins"
 JSON = [("Content-Type", "application/json")]
+PROMPTS = ["Hello world, this is", "The quick brown fox jumps over the lazy dog", "Paris"]
 
 
 def _forget_standin() -> None:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import pytest
 
 from lmi_tools.tiny_model import ARCHITECTURES
-from tests.neuronx_support import (ask, ask_batch, ask_stream, load, neuronx_standin, reference,  # noqa: F401
-                                   run_rolling, tiny_arch)
+from tests.neuronx_support import (PROMPTS, ask, ask_batch, ask_stream, load, neuronx_standin,  # noqa: F401
+                                   reference, run_rolling, tiny_arch)
 
 UNMASKED = ("gptj", "gpt_neox")
-PROMPTS = ["Hello world, this is", "The quick brown fox jumps over the lazy dog", "Paris"]
 
 
 @pytest.mark.parametrize("arch", ARCHITECTURES)
