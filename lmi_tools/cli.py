@@ -18,6 +18,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 # One module per command group; each defines register(app).
 COMMAND_MODULES = [
     "lmi_tools.commands.demo",
+    "lmi_tools.commands.docker",
 ]
 
 for _name in COMMAND_MODULES:
