@@ -141,3 +141,24 @@ def test_library_refusal_names_the_class_and_arguments(neuronx_standin, tiny_arc
                                unroll=None, neuron_config={}, compiler_flags=(), model_shape={})
     with pytest.raises(BackendError, match=r"refused OPTForSampling\(batch_size=1.*cannot run a 'bloom' model"):
         load_model(str(tiny_arch("bloom")), settings, None)
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama"])
+def test_a_failed_step_fails_its_requests_then_serving_goes_on(neuronx_standin, tiny_arch, reference, arch,
+                                                                monkeypatch):
+    handler = load(tiny_arch(arch), rolling_batch="auto", max_rolling_batch_size=2)
+    model = handler.backend.model
+    real_forward = model.forward
+    calls = {"n": 0}
+
+    def flaky(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("NRT error: execution failed")
+        return real_forward(*args, **kwargs)
+
+    monkeypatch.setattr(model, "forward", flaky)
+    with pytest.raises(AssertionError, match="NRT error"):
+        run_rolling(handler, {0: [(PROMPTS[0], 6)]})
+    assert run_rolling(handler, {0: [(PROMPTS[1], 4), (PROMPTS[2], 5)]}) == [
+        reference(tiny_arch(arch), PROMPTS[1], 4), reference(tiny_arch(arch), PROMPTS[2], 5)]

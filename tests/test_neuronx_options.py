@@ -135,3 +135,11 @@ def test_strategy_choice():
                                        ({"NEURON_RT_VISIBLE_CORES": "x"}, None)])
 def test_visible_cores(env, cores):
     assert visible_cores(env) == cores
+
+
+def test_djl_neuron_image_rewrite_of_auto_is_accepted():
+    """DJLServing's Neuron image turns option.rolling_batch=auto into "tnx" before the handler sees it."""
+    config = HandlerConfig.from_properties({"rolling_batch": "tnx", "max_rolling_batch_size": "4"})
+    assert config.rolling_batch == "auto" and config.rolling
+    with pytest.raises(ConfigError, match="built-in handlers"):
+        HandlerConfig.from_properties({"rolling_batch": "lmi-dist"})
