@@ -32,7 +32,7 @@ def _forget_standin() -> None:
 @pytest.fixture
 def neuronx_standin(monkeypatch: pytest.MonkeyPatch):
     """The stand-in ``transformers_neuronx`` module, importable for this test only."""
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
     pytest.importorskip("transformers")
     monkeypatch.syspath_prepend(str(STANDINS))
     for name in ("NEURON_RT_VISIBLE_CORES", "NEURON_RT_NUM_CORES", "NEURON_CC_FLAGS"):
@@ -41,8 +41,15 @@ def neuronx_standin(monkeypatch: pytest.MonkeyPatch):
     import transformers_neuronx
 
     assert transformers_neuronx.IS_STANDIN
-    yield transformers_neuronx
-    _forget_standin()
+    # The tiny models run many small forwards: extra threads only add overhead, and on a busy
+    # 2-core machine they made these tests five times slower.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield transformers_neuronx
+    finally:
+        torch.set_num_threads(threads)
+        _forget_standin()
 
 
 @pytest.fixture(scope="session")

@@ -88,7 +88,7 @@ def test_all_options_reach_the_settings():
     (LLAMA_3_8B, {"load_in_8bit": "maybe"}, "load_in_8bit", "true or false"),
     (LLAMA_3_8B, {"group_query_attention": "shard-everything"}, "group_query_attention", "shard-over-heads"),
     (LLAMA_3_8B, {"neuron_optimize_level": 4}, "neuron_optimize_level", "<= 3"),
-    (LLAMA_3_8B, {"attention_layout": "SBH"}, "attention_layout", "hsb, bsh"),
+    (LLAMA_3_8B, {"attention_layout": "SBH"}, "attention_layout", "HSB, BSH"),
     (LLAMA_3_8B, {"cache_layout": "BSH"}, "cache_layout", "continuous batching"),
     (LLAMA_3_8B, {"cast_logits_dtype": "fp32"}, "cast_logits_dtype", "float32"),
     (LLAMA_3_8B, {"unroll": 5}, "unroll", "divide"),

@@ -100,8 +100,10 @@ def _int_list(props: Mapping[str, Any], key: str) -> tuple[int, ...] | None:
 
 
 def _upper_choice(props: Mapping[str, Any], key: str, allowed: tuple[str, ...]) -> str | None:
-    value = parse_choice(props, key, "", tuple(a.lower() for a in allowed))
-    return value.upper() or None
+    value = str(props.get(key) or "").strip().upper()
+    if value and value not in allowed:
+        raise ConfigError(key, props[key], f"allowed values are {', '.join(allowed)}")
+    return value or None
 
 
 @dataclass(frozen=True)
