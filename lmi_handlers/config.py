@@ -22,6 +22,10 @@ OUTPUT_FORMATTERS = ("json", "jsonlines", "sse", "json_chat", "jsonlines_chat", 
 ROLLING_BATCH_MODES = ("disable", "auto", "scheduler")
 # Rolling-batch engines of the built-in LMI handlers; our handler is its own engine.
 LMI_ENGINES = ("vllm", "lmi-dist", "tnx", "trtllm")
+# DJLServing's Neuron image rewrites option.rolling_batch=auto to "tnx" before the handler sees it
+# (LmiConfigRecommender, v0.29), so "tnx" can only mean "auto" here. The GPU image's rewrite
+# (lmi-dist/vllm, with MPI mode for lmi-dist) cannot be undone on this side and stays refused.
+DJL_REWRITES = {"tnx": "auto"}
 DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
           "bf16": "bf16", "bfloat16": "bf16"}
 
@@ -121,10 +125,13 @@ class HandlerConfig:
         props = {k: v for k, v in props.items() if not callable(v)}
         model_dir = _text(props.get("model_dir", "")) or os.getcwd()
         rolling = props.get("rolling_batch")
-        if rolling is not None and _text(rolling).lower() in LMI_ENGINES:
+        if rolling is not None and _text(rolling).lower() in DJL_REWRITES:
+            props["rolling_batch"] = DJL_REWRITES[_text(rolling).lower()]
+        elif rolling is not None and _text(rolling).lower() in LMI_ENGINES:
             raise ConfigError("rolling_batch", rolling,
-                              "that engine belongs to LMI's built-in handlers; lmi_handlers runs its own "
-                              f"continuous batching: use one of {', '.join(ROLLING_BATCH_MODES)}")
+                              "that engine belongs to LMI's built-in handlers (LMI images rewrite "
+                              "option.rolling_batch=auto into it); lmi_handlers runs its own continuous batching: "
+                              "set option.rolling_batch=scheduler")
         tp = props.get("tensor_parallel_degree")
         config = cls(
             model_dir=model_dir,

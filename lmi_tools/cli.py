@@ -22,6 +22,7 @@ COMMAND_MODULES = [
     "lmi_tools.commands.render",
     "lmi_tools.commands.validate",
     "lmi_tools.commands.package",
+    "lmi_tools.commands.docker",
 ]
 
 for _name in COMMAND_MODULES:

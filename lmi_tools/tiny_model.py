@@ -112,3 +112,85 @@ def build_tiny_model(out_dir: str | Path, spec: TinySpec | str = "tiny") -> Path
     tokenizer.save_pretrained(out)
     (out / "tiny_spec.txt").write_text("".join(f"{k}={v}\n" for k, v in asdict(spec).items()))
     return out
+
+
+# --- one tiny model per transformers-neuronx architecture (the neuronx backend's tests) --------------
+
+#: HF ``model_type`` values ``build_tiny_arch`` can write: every architecture transformers-neuronx serves.
+ARCHITECTURES = ("llama", "mistral", "mixtral", "opt", "gptj", "gpt2", "gpt_neox", "bloom")
+
+_tokenizers: dict = {}
+
+
+def _shared_tokenizer(spec: TinySpec):
+    # Training takes about a second; the architectures of one spec share the same tokenizer.
+    if spec not in _tokenizers:
+        _tokenizers[spec] = train_tokenizer(spec)
+    return _tokenizers[spec]
+
+
+def _arch_config(model_type: str, spec: TinySpec, vocab: int, special: dict):
+    import transformers
+
+    h, layers, heads = spec.hidden_size, spec.num_hidden_layers, spec.num_attention_heads
+    positions = spec.max_position_embeddings
+    if model_type in ("llama", "mistral", "mixtral"):
+        extra = {} if model_type == "llama" else {"sliding_window": None}
+        if model_type == "mixtral":
+            extra.update(num_local_experts=4, num_experts_per_tok=2)
+        cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+               "mixtral": transformers.MixtralConfig}[model_type]
+        return cls(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
+                   num_key_value_heads=spec.num_key_value_heads, intermediate_size=spec.intermediate_size,
+                   max_position_embeddings=positions, tie_word_embeddings=False, **extra, **special)
+    if model_type == "opt":
+        return transformers.OPTConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                                      num_attention_heads=heads, ffn_dim=4 * h, word_embed_proj_dim=h,
+                                      max_position_embeddings=positions, do_layer_norm_before=True, **special)
+    if model_type == "gptj":
+        return transformers.GPTJConfig(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads,
+                                       rotary_dim=h // heads // 2, n_positions=positions, **special)
+    if model_type == "gpt2":
+        return transformers.GPT2Config(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads,
+                                       n_positions=positions, **special)
+    if model_type == "gpt_neox":
+        return transformers.GPTNeoXConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers,
+                                          num_attention_heads=heads, intermediate_size=spec.intermediate_size,
+                                          rotary_pct=0.5, max_position_embeddings=positions,
+                                          use_parallel_residual=True, tie_word_embeddings=False, **special)
+    if model_type == "bloom":
+        return transformers.BloomConfig(vocab_size=vocab, hidden_size=h, n_layer=layers, n_head=heads, **special)
+    raise ValueError(f"unknown model_type {model_type!r}; expected one of {', '.join(ARCHITECTURES)}")
+
+
+def build_tiny_arch(out_dir: str | Path, model_type: str, spec: TinySpec | str = "tiny") -> Path:
+    """Like ``build_tiny_model``, for any of ``ARCHITECTURES`` (random weights, the shared tokenizer).
+
+    Matrices are drawn with std 0.3, far above transformers' init: at width 64 its init makes GPT-2,
+    OPT and BLOOM repeat one token forever, and varied greedy output is what exposes a cache or
+    position mistake. Each architecture gets its own seed. ``bloom`` uses ALiBi and has no
+    ``max_position_embeddings``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    if isinstance(spec, str):
+        spec = PRESETS[spec]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _shared_tokenizer(spec)
+    special = {"bos_token_id": tokenizer.bos_token_id, "eos_token_id": tokenizer.eos_token_id,
+               "pad_token_id": tokenizer.pad_token_id}
+    config = _arch_config(model_type, spec, len(tokenizer), special)
+    torch.manual_seed(spec.seed + ARCHITECTURES.index(model_type))
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.dim() >= 2:
+                param.normal_(0.0, 0.3)
+    model.generation_config = GenerationConfig(**special)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    (out / "tiny_spec.txt").write_text("".join(f"{k}={v}\n" for k, v in asdict(spec).items())
+                                       + f"model_type={model_type}\n")
+    return out
