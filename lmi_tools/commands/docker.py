@@ -16,23 +16,6 @@ def register(app: typer.Typer) -> None:
     app.command("docker-run")(docker_run)
 
 
-def read_properties(path: Path) -> dict[str, str]:
-    """``key=value`` (or ``key: value``) lines of a serving.properties; ``#``/``!`` comments skipped.
-
-    Minimal on purpose: swap for ``lmi_tools.properties`` once that module lands.
-    """
-    properties: dict[str, str] = {}
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line or line.startswith(("#", "!")):
-            continue
-        cut = min((i for i in (line.find("="), line.find(":")) if i > 0), default=-1)
-        if cut < 0:
-            raise UsageError(f"{path}: cannot read line {line!r}", hint="write key=value")
-        properties[line[:cut].strip()] = line[cut + 1:].strip()
-    return properties
-
-
 def docker_run(
     model_dir: Path = typer.Argument(..., help="Model directory (serving.properties, weights); mounted at /opt/ml/model"),
     instance: str = typer.Option(..., "--instance", help="EC2 instance type, e.g. inf2.48xlarge or g5.12xlarge"),
@@ -52,11 +35,12 @@ def docker_run(
 ) -> int:
     """Print the docker run line that serves MODEL_DIR with DJLServing on an inf2/trn1 or G5 host."""
     from ..docker_run import DockerOptions, plan_docker_run
+    from ..properties import parse_properties, read_text
 
     if not model_dir.is_dir():
         raise UsageError(f"{model_dir} is not a directory", hint="give the model directory holding serving.properties")
     props_file = model_dir / "serving.properties"
-    properties = read_properties(props_file) if props_file.is_file() else {}
+    properties = parse_properties(read_text(props_file)) if props_file.is_file() else {}
     for label, value in (("--tp", tp), ("--copies", copies)):
         if value is not None and value < 1:
             raise UsageError(f"{label} must be at least 1, got {value}")

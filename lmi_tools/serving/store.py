@@ -13,55 +13,23 @@ Configuration sources (reference/djl-contract.md §1.7-1.8, §7):
 from __future__ import annotations
 
 import os
-import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from ..properties import init_properties, parse_properties, read_text, with_environment
 from .model import ModelSettings, ServedModel
 from .worker import WorkerSettings
 
-UPPER_SNAKE = re.compile(r"[A-Z0-9_]+")
-
-
-def read_properties_file(path: Path) -> dict[str, str]:
-    """``key=value`` lines; ``#`` comments and blank lines skipped; split on the first ``=``."""
-    values: dict[str, str] = {}
-    if not path.is_file():
-        return values
-    for line in path.read_text(encoding="utf-8").splitlines():
-        line = line.strip()
-        if not line or line.startswith("#") or "=" not in line:
-            continue
-        key, value = line.split("=", 1)
-        values[key.strip()] = value.strip()
-    return values
-
-
-def _env_key(raw: str) -> str:
-    return raw.lower() if UPPER_SNAKE.fullmatch(raw) else raw
-
-
 def model_properties(model_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The init properties DJLServing sends for this model directory (options stripped of ``option.``)."""
-    file_values = read_properties_file(model_dir / "serving.properties")
-    options = {k[len("option."):]: v for k, v in file_values.items() if k.startswith("option.")}
-    arguments = {k: v for k, v in file_values.items() if not k.startswith("option.")}
-    for name, value in environ.items():
-        if name.startswith("OPTION_"):
-            key = _env_key(name[len("OPTION_"):])
-            if key == "entrypoint":
-                key = "entryPoint"
-            if key == "engine":
-                arguments.setdefault("engine", value)
-            else:
-                options.setdefault(key, value)
-        elif name.startswith("ARGS_"):
-            arguments.setdefault(_env_key(name[len("ARGS_"):]), value)
-    if "tensor_parallel_degree" not in options and environ.get("TENSOR_PARALLEL_DEGREE"):
-        options["tensor_parallel_degree"] = environ["TENSOR_PARALLEL_DEGREE"]
-    return {**arguments, **options}
+    path = model_dir / "serving.properties"
+    raw = parse_properties(read_text(path)) if path.is_file() else {}
+    props = init_properties(with_environment(raw, environ))
+    if "tensor_parallel_degree" not in props and environ.get("TENSOR_PARALLEL_DEGREE"):
+        props["tensor_parallel_degree"] = environ["TENSOR_PARALLEL_DEGREE"]
+    return props
 
 
 @dataclass

@@ -145,13 +145,3 @@ def test_dockerfiles_ship_only_the_runtime(dockerfile):
     assert copies == ["COPY lmi_handlers /opt/lmi-handlers/lmi_handlers"]
     assert "OPTION_ENTRYPOINT=lmi_handlers.entrypoint" in text and "PYTHONPATH=/opt/lmi-handlers" in text
     assert (ROOT / ".dockerignore").read_text().splitlines()[1:3] == ["*", "!lmi_handlers/"]
-
-
-def test_properties_reader_takes_java_separators_and_comments(tmp_path):
-    from lmi_tools.commands.docker import read_properties
-
-    path = tmp_path / "serving.properties"
-    path.write_text("# comment\n! also a comment\n\nengine = Python\noption.tensor_parallel_degree: 8\n"
-                    "option.model_id=s3://bucket/key=v\n")
-    assert read_properties(path) == {"engine": "Python", "option.tensor_parallel_degree": "8",
-                                     "option.model_id": "s3://bucket/key=v"}
