@@ -137,15 +137,17 @@ class HFBackend:
             # The custom mask is a full causal one: stay within the window so they agree.
             self.max_sequence_length = window
         native = NativeRunner(self)
-        try:
-            slots = SlotRunner(self)
-            if slots.agrees_with(native):
-                return slots
-            logger.warning("the batched slot cache disagrees with %s's own cache; using the one-sequence-at-a-"
-                           "time path", type(self.model).__name__)
-        except Exception:
-            logger.warning("the batched slot cache does not fit %s; using the one-sequence-at-a-time path",
-                           type(self.model).__name__, exc_info=True)
+        for attention in filter(None, (grouped_decode_attention(self.model), self.model.config._attn_implementation)):
+            try:
+                slots = SlotRunner(self, attention)
+                if slots.agrees_with(native):
+                    return slots
+                logger.warning("the batched slot cache (%s attention) disagrees with %s's own cache", attention,
+                               type(self.model).__name__)
+            except Exception:
+                logger.warning("the batched slot cache (%s attention) does not fit %s", attention,
+                               type(self.model).__name__, exc_info=True)
+        logger.warning("using the one-sequence-at-a-time path for %s", type(self.model).__name__)
         return native
 
     def forward(self, input_ids: Any, **kwargs: Any) -> Any:
@@ -219,9 +221,10 @@ class SlotRunner:
 
     name = "slots"
 
-    def __init__(self, backend: HFBackend):
+    def __init__(self, backend: HFBackend, decode_attention: str):
         self.backend = backend
         self.torch = backend.torch
+        self.decode_attention = decode_attention
         self.cache = make_slot_cache(self.torch)
         self.rows: list[SequenceState] = []  # rows[i] occupies cache row i
         self.neg = self.torch.finfo(next(backend.model.parameters()).dtype).min
@@ -273,8 +276,13 @@ class SlotRunner:
         cols = torch.arange(view, device=device)
         visible = (cols[None, :] >= starts[:, None]) & (cols[None, :] <= write[:, None])
         self.cache.plan(0, len(self.rows), view, columns=write, view=view)
-        logits, _ = self.backend.forward(ids, attention_mask=self._additive(visible[:, None, :]),
-                                         position_ids=lengths[:, None], past_key_values=self.cache)
+        config = self.backend.model.config
+        stock, config._attn_implementation = config._attn_implementation, self.decode_attention
+        try:
+            logits, _ = self.backend.forward(ids, attention_mask=self._additive(visible[:, None, :]),
+                                             position_ids=lengths[:, None], past_key_values=self.cache)
+        finally:
+            config._attn_implementation = stock
         for slot in slots:
             slot.length += 1
         return logits
@@ -338,6 +346,49 @@ class SlotRunner:
                 if float((row - want).abs().max()) > tolerance:
                     return False
         return True
+
+
+GROUPED_ATTENTION = "lmi_grouped_decode"
+# Architectures whose attention is plain scaled dot-product over the cache (no softcapping, sinks or
+# per-layer windows), where one query token can use the grouped kernel below.
+GROUPED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
+
+
+def grouped_decode_attention(model: Any) -> str | None:
+    """Register (once) and name an attention for one-token decode steps, or None where unsupported.
+
+    transformers' SDPA path repeats each KV head for its query heads and runs a kernel built for long
+    queries; for a single query token it is cheaper to fold a KV group's query heads into the query
+    dimension and do two batched matmuls against the cache as stored. Prefill (several query tokens)
+    still goes to transformers' own SDPA function.
+    """
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:  # transformers < 4.48: keep the stock attention
+        return None
+    if getattr(model.config, "model_type", None) not in GROUPED_ATTENTION_MODELS:
+        return None
+    import torch
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                  scaling: float | None = None, **kwargs: Any) -> tuple[Any, None]:
+        if query.shape[2] != 1 or kwargs.get("sliding_window") or kwargs.get("softcap") or kwargs.get("s_aux") \
+                is not None:
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        rows, heads, _, head_dim = query.shape
+        groups = key.shape[1]
+        grouped = query.view(rows, groups, heads // groups, head_dim)
+        scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or head_dim ** -0.5)
+        if attention_mask is not None:
+            scores = scores + attention_mask[:, :, :, :key.shape[-2]]
+        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+        out = torch.matmul(probs, value)  # [rows, groups, heads per group, head_dim]
+        return out.reshape(rows, heads, 1, head_dim).transpose(1, 2), None
+
+    AttentionInterface.register(GROUPED_ATTENTION, attention)
+    return GROUPED_ATTENTION
 
 
 _slot_cache_class: Any = None
