@@ -30,7 +30,10 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 INSTANCE = "ml.g4dn.xlarge"  # moto refuses ml.g5 / ml.inf2 (their request shapes are covered with Stubber)
 PROMPT = "The quick brown fox"
 PARAMETERS = {"max_new_tokens": 16}
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
+# Dummy credentials and nothing from the user's AWS configuration: these tests never reach AWS.
+OFFLINE_AWS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+               "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
+               "AWS_EC2_METADATA_DISABLED": "true"}
 SERVING_PROPERTIES = ("engine=Python\noption.entryPoint=lmi_handlers.entrypoint\noption.rolling_batch=auto\n"
                       "option.max_new_tokens=16\n")
 
@@ -116,7 +119,8 @@ def lmi(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
 
 
 def test_cli_end_to_end_as_documented(moto_url, tiny_model_dir, serve, tmp_path):
-    env = {**os.environ, **CREDENTIALS, "AWS_ENDPOINT_URL": moto_url, "PYTHONPATH": str(ROOT)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("AWS_")}, **OFFLINE_AWS,
+           "AWS_ENDPOINT_URL": moto_url, "PYTHONPATH": str(ROOT)}
     s3, sm = aws_client("s3", moto_url), aws_client("sagemaker", moto_url)
     s3.create_bucket(Bucket=BUCKET)  # aws s3 mb s3://BUCKET
     tarball = package(tiny_model_dir, tmp_path / "model.tar.gz")

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
 def _stderr():
     from rich.console import Console
 
-    return Console(stderr=True)
+    return Console(stderr=True, soft_wrap=True)
 
 
 def upload(source: Path = typer.Argument(..., help="model.tar.gz, or a model directory to upload uncompressed"),

@@ -109,7 +109,7 @@ def scrub(text: str) -> str:
 
 
 def kind_of(code: str, message: str = "") -> str:
-    if code in KINDS["validation"][0] or code == "ValidationException":
+    if code in KINDS["validation"][0]:
         if NOT_FOUND_TEXT.search(message):
             return "not-found"
         if EXISTS_TEXT.search(message):

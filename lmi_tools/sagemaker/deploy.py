@@ -31,6 +31,8 @@ DEFAULT_TIMEOUT_S = 1800
 DEFAULT_VOLUME_GB = 256
 FAILED_STATES = frozenset({"Failed", "UpdateRollbackFailed", "OutOfService", "Deleting"})
 StatusCallback = Callable[[str, float], None]
+# GetBucketLocation answers null for us-east-1 and "EU" for some old eu-west-1 buckets.
+LEGACY_LOCATIONS = {"": "us-east-1", "EU": "eu-west-1"}
 
 
 @dataclass(frozen=True)
@@ -180,7 +182,8 @@ def check_artifact(s3, artifact: S3Uri, region: str) -> None:
     """Fail now, not 20 minutes into endpoint creation: the artifact exists, in the endpoint's region, and a
     prefix holds no "folder" keys (SageMaker fails the deployment on them)."""
     with aws_errors(f"reading the location of bucket {artifact.bucket}"):
-        location = s3.get_bucket_location(Bucket=artifact.bucket).get("LocationConstraint") or "us-east-1"
+        constraint = s3.get_bucket_location(Bucket=artifact.bucket).get("LocationConstraint")
+    location = LEGACY_LOCATIONS.get(constraint or "", constraint)
     if location != region:
         raise UsageError(f"bucket {artifact.bucket} is in {location}, the endpoint would be in {region}",
                          hint="SageMaker reads model data from its own region: upload there, or pass --region")
