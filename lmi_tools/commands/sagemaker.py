@@ -102,12 +102,13 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
     console = _stderr()
     console.print(f"image: {plan.image.uri} ({plan.image.source})")
     sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
+    seen: list[str] = []
     with console.status(f"creating {spec.name}") as status:
         def on_status(state: str, elapsed: float) -> None:
             status.update(f"endpoint {spec.name}: {state} ({elapsed:.0f} s)")
-            if state != getattr(on_status, "last", None):
+            if not seen or seen[-1] != state:  # print each change once; the spinner shows the waiting
                 console.print(f"endpoint {spec.name}: {state} after {elapsed:.0f} s")
-                on_status.last = state
+                seen.append(state)
 
         result = lib.deploy(sm, s3, plan, wait=wait, timeout_s=wait_timeout, poll_s=poll_interval,
                             on_step=lambda message: console.print(message), on_status=on_status, check=check)

@@ -103,3 +103,22 @@ def test_model_error_carries_the_containers_status_and_message():
                                           "InvokeEndpoint"), "invoking endpoint x")
     assert isinstance(error, ModelFailed) and str(error) == 'the model answered 400: {"error": "bad"}'
     assert "log-group:/aws/sagemaker/Endpoints/x" in error.hint
+
+
+def test_directory_upload_deploy_and_delete_through_the_cli(capsys, aws, tmp_path):
+    s3, sm = aws
+    (tmp_path / "model" / "tokenizer").mkdir(parents=True)
+    (tmp_path / "model" / "serving.properties").write_text("engine=Python\n")
+    (tmp_path / "model" / "tokenizer" / "tokenizer.json").write_text("{}")
+    code, out, _ = run(capsys, "upload", str(tmp_path / "model"), "s3://lmi-test-artifacts/raw")
+    assert (code, out) == (0, "s3://lmi-test-artifacts/raw/\n")
+    code, out, err = run(capsys, "deploy", "--artifact", out.strip(), "--instance", "ml.g4dn.xlarge", "--role", ROLE,
+                         "--name", "raw-ep", "--poll-interval", "0")
+    assert code == 0 and json.loads(out)["EndpointStatus"] == "InService" and "create_endpoint: raw-ep" in err
+    source = sm.describe_model(ModelName="raw-ep")["PrimaryContainer"]["ModelDataSource"]["S3DataSource"]
+    assert source == {"S3Uri": "s3://lmi-test-artifacts/raw/", "S3DataType": "S3Prefix", "CompressionType": "None"}
+    code, out, _ = run(capsys, "delete", "raw-ep", "--all", "--dry-run")
+    assert json.loads(out)["artifacts"] == ["s3://lmi-test-artifacts/raw/"] and sm.list_endpoints()["Endpoints"]
+    code, out, err = run(capsys, "delete", "raw-ep", "--all")
+    assert code == 0 and "deleted 2 object(s) at s3://lmi-test-artifacts/raw/" in err
+    assert "Contents" not in s3.list_objects_v2(Bucket="lmi-test-artifacts")
