@@ -1,0 +1,180 @@
+"""``lmi upload / deploy / invoke / delete``: a model on a SageMaker endpoint, from S3 to teardown.
+
+Each command parses its options and calls ``lmi_tools.sagemaker``; progress and status go to stderr,
+results (the artifact URI, the endpoint, the generated text, ``--dry-run`` JSON) to stdout.
+``AWS_ENDPOINT_URL`` (and ``AWS_ENDPOINT_URL_S3`` / ``_SAGEMAKER`` / ``_SAGEMAKER_RUNTIME``) are honoured by
+boto3 itself, which is how tests point these commands at moto and ``lmi serve``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+REGION = typer.Option(None, "--region", help="AWS region (default: AWS_DEFAULT_REGION / your profile's)")
+PROFILE = typer.Option(None, "--profile", help="AWS profile from ~/.aws/config")
+
+
+def register(app: typer.Typer) -> None:
+    app.command("upload")(upload)
+    app.command("deploy")(deploy)
+    app.command("invoke")(invoke)
+    app.command("delete")(delete)
+
+
+def _stderr():
+    from rich.console import Console
+
+    return Console(stderr=True, soft_wrap=True)
+
+
+def upload(source: Path = typer.Argument(..., help="model.tar.gz, or a model directory to upload uncompressed"),
+           destination: str = typer.Argument(..., help="s3://bucket/prefix/ (or a full object URI for a file)"),
+           part_size: int = typer.Option(64, help="Multipart part size in MiB (at least 5)"),
+           replace: bool = typer.Option(False, "--replace", help="Directory upload: delete the prefix's other "
+                                                                 "objects first (they would be deployed too)"),
+           region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
+    """Upload model.tar.gz (one object) or a directory (one object per file, keys = relative paths) to S3."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
+
+    from ..sagemaker import aws
+    from ..sagemaker.upload import MIB, plan_upload
+    from ..sagemaker.upload import upload as send
+
+    plan = plan_upload(source, destination)
+    s3 = aws.client(aws.session(region, profile), "s3")
+    columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=_stderr()) as progress:
+        task = progress.add_task(f"{len(plan.files)} file(s)", total=plan.total_bytes)
+        send(s3, plan, lambda sent: progress.update(task, advance=sent), part_size * MIB, replace)
+    typer.echo(f"uploaded {len(plan.files)} file(s), {plan.total_bytes / MIB:.1f} MiB", err=True)
+    typer.echo(str(plan.uri))
+
+
+def _environment(pairs: list[str]) -> dict[str, str]:
+    from ..errors import UsageError
+
+    environment = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {pair.split('=')[0]!r} is not KEY=VALUE", hint="e.g. --env OPTION_DTYPE=fp16")
+        environment[key] = value
+    return environment
+
+
+def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3://.../prefix/ (uncompressed)"),
+           instance: str = typer.Option(..., help="SageMaker instance type: ml.inf2.48xlarge, ml.g5.12xlarge..."),
+           role: str = typer.Option(..., help="Execution role ARN SageMaker assumes (S3 read, ECR pull)"),
+           image: Optional[str] = typer.Option(None, help="Container image URI (default: the LMI image for "
+                                                          "the instance)"),
+           lmi_version: Optional[str] = typer.Option(None, help="LMI release for the default image (0.29.0...)"),
+           name: Optional[str] = typer.Option(None, help="Name of the model, endpoint config and endpoint "
+                                                         "(default: lmi-<artifact>-<time>)"),
+           instance_count: int = typer.Option(1, help="Instances behind the endpoint"),
+           env: list[str] = typer.Option([], "--env", help="Container environment KEY=VALUE (repeatable)"),
+           download_timeout: int = typer.Option(1800, help="ModelDataDownloadTimeoutInSeconds (60-3600)"),
+           startup_timeout: int = typer.Option(1800, help="ContainerStartupHealthCheckTimeoutInSeconds (60-3600)"),
+           volume_size: Optional[int] = typer.Option(None, help="VolumeSizeInGB on EBS-only instances (default "
+                                                                "256; refused where the instance has local NVMe)"),
+           wait: bool = typer.Option(True, "--wait/--no-wait", help="Wait until the endpoint is InService"),
+           wait_timeout: int = typer.Option(3600, help="Seconds to wait before giving up (the endpoint stays)"),
+           poll_interval: int = typer.Option(30, help="Seconds between status checks"),
+           check: bool = typer.Option(True, "--check/--no-check", help="Check the artifact and the names first"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="Print the API calls as JSON; call nothing"),
+           region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
+    """Create a SageMaker model, endpoint config and endpoint for an artifact, and wait until InService."""
+    from ..sagemaker import aws
+    from ..sagemaker import deploy as lib
+
+    sess = aws.session(region, profile)
+    spec = lib.DeploySpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
+                          region=aws.region_of(sess), image=image, lmi_version=lmi_version,
+                          instance_count=instance_count, environment=_environment(env),
+                          download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size)
+    plan = lib.plan_deployment(spec)
+    if dry_run:
+        typer.echo(json.dumps(plan.as_json(), indent=2))
+        return
+    console = _stderr()
+    console.print(f"image: {plan.image.uri} ({plan.image.source})")
+    sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
+    seen: list[str] = []
+    with console.status(f"creating {spec.name}") as status:
+        def on_status(state: str, elapsed: float) -> None:
+            status.update(f"endpoint {spec.name}: {state} ({elapsed:.0f} s)")
+            if not seen or seen[-1] != state:  # print each change once; the spinner shows the waiting
+                console.print(f"endpoint {spec.name}: {state} after {elapsed:.0f} s")
+                seen.append(state)
+
+        result = lib.deploy(sm, s3, plan, wait=wait, timeout_s=wait_timeout, poll_s=poll_interval,
+                            on_step=lambda message: console.print(message), on_status=on_status, check=check)
+    typer.echo(json.dumps({"EndpointName": spec.name, "EndpointArn": result.get("EndpointArn"),
+                           "EndpointStatus": result.get("EndpointStatus", "Creating")}))
+
+
+def invoke(endpoint: str = typer.Argument(..., help="Endpoint name"),
+           prompt: str = typer.Option(..., help="The prompt"),
+           stream: bool = typer.Option(False, "--stream", help="Print tokens as they arrive "
+                                                               "(invoke_endpoint_with_response_stream)"),
+           parameters: Optional[str] = typer.Option(None, help='Generation parameters as JSON, e.g. '
+                                                               '\'{"max_new_tokens": 64}\''),
+           chat: bool = typer.Option(False, "--chat", help="Send an OpenAI chat request (messages) instead"),
+           raw: bool = typer.Option(False, "--raw", help="Without --stream: print the answer's body as is"),
+           endpoint_url: Optional[str] = typer.Option(None, help="SageMaker Runtime URL, e.g. lmi serve's "
+                                                                 "http://127.0.0.1:8080 (or "
+                                                                 "AWS_ENDPOINT_URL_SAGEMAKER_RUNTIME)"),
+           region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
+    """Send a prompt to an endpoint and print the generated text (token by token with --stream)."""
+    from ..errors import ModelFailed, UsageError
+    from ..sagemaker import aws
+    from ..sagemaker import invoke as lib
+
+    try:
+        params = json.loads(parameters) if parameters else None
+    except ValueError as exc:
+        raise UsageError(f"--parameters is not JSON: {exc}", hint='e.g. --parameters \'{"max_new_tokens": 64}\'')
+    if params is not None and not isinstance(params, dict):
+        raise UsageError("--parameters must be a JSON object", hint='e.g. {"max_new_tokens": 64}')
+    sess = aws.session(region, profile)
+    local = bool(endpoint_url) and not aws.has_credentials(sess)  # lmi serve takes unsigned requests
+    runtime = aws.client(sess, "sagemaker-runtime", endpoint_url, read_timeout=70, unsigned=local,
+                         region=sess.region_name or ("us-east-1" if endpoint_url else None))
+    body = lib.request_body(prompt, params, stream, chat)
+    if not stream:
+        answer = lib.invoke(runtime, endpoint, body)
+        typer.echo(answer.body.decode("utf-8", "replace") if raw else answer.text)
+        return
+    tokens = lib.invoke_stream(runtime, endpoint, body)
+    try:
+        for piece in tokens:
+            typer.echo(piece, nl=False)
+    except ModelFailed:
+        typer.echo("")  # end the partial line; the error follows on stderr
+        raise
+    typer.echo("")
+
+
+def delete(endpoint: str = typer.Argument(..., help="Endpoint name"),
+           config: bool = typer.Option(False, "--config", help="Also delete its endpoint config"),
+           model: bool = typer.Option(False, "--model", help="Also delete its model(s)"),
+           artifacts: bool = typer.Option(False, "--artifacts", help="Also delete the models' S3 data"),
+           everything: bool = typer.Option(False, "--all", help="Same as --config --model --artifacts"),
+           dry_run: bool = typer.Option(False, "--dry-run", help="Print what would be deleted; delete nothing"),
+           region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
+    """Delete an endpoint and, on request, its config, model and S3 artifacts (names read from SageMaker)."""
+    from ..sagemaker import aws
+    from ..sagemaker import delete as lib
+
+    sess = aws.session(region, profile)
+    sm = aws.client(sess, "sagemaker")
+    plan = lib.plan_teardown(sm, endpoint, config or everything, model or everything, artifacts or everything)
+    if dry_run:
+        typer.echo(json.dumps(plan.as_json(), indent=2))
+        return
+    s3 = aws.client(sess, "s3") if plan.artifacts else None
+    lib.delete(sm, s3, plan, on_step=lambda message: typer.echo(message, err=True))
+    typer.echo(json.dumps(plan.as_json()))

@@ -1,0 +1,11 @@
+"""SageMaker hosting with boto3: upload an artifact, deploy it on an LMI image, invoke it (streaming
+included), delete it. The ``lmi upload / deploy / invoke / delete`` commands call these modules:
+
+* ``images``: the LMI image URI for an instance type (the sagemaker SDK's table when installed, else ours);
+* ``hosting``: what an instance type implies (Neuron or GPU image, EBS volume size allowed or not);
+* ``upload``: ``model.tar.gz`` or a directory to S3 (multipart, progress, never "folder" keys);
+* ``deploy``: create_model, create_endpoint_config, create_endpoint as a plan (``--dry-run`` prints it), then wait;
+* ``invoke``: invoke_endpoint and invoke_endpoint_with_response_stream, with line reassembly;
+* ``delete``: the endpoint and, on request, its config, model and S3 artifacts;
+* ``aws``: sessions, clients, and the translation of AWS failures into one-line errors with a hint.
+"""

@@ -1,0 +1,108 @@
+"""Tear down an endpoint and, on request, its endpoint config, its model(s) and their S3 artifacts.
+
+Names are recovered before anything is deleted: the config from ``describe_endpoint``, the models from the
+config's ``ProductionVariants``, the artifacts from each model's ``ModelDataUrl`` (one object) or
+``ModelDataSource.S3DataSource.S3Uri`` (a prefix: every object under it). The order is endpoint, config,
+models, artifacts; config and model deletion need not wait for the endpoint to be gone
+(reference/sagemaker.md §2.3). When the endpoint no longer exists (a deployment that failed half way), the
+config and model are looked up under the endpoint's name, which is how ``lmi deploy`` names them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from ..errors import AwsError, UsageError
+from .aws import aws_errors
+from .upload import S3Uri, delete_keys, list_keys
+
+
+@dataclass
+class Teardown:
+    """What ``delete`` will remove; empty fields are left alone."""
+
+    endpoint: str | None = None
+    config: str | None = None
+    models: list[str] = field(default_factory=list)
+    artifacts: list[S3Uri] = field(default_factory=list)
+
+    def as_json(self) -> dict:
+        return {"endpoint": self.endpoint, "endpoint_config": self.config, "models": self.models,
+                "artifacts": [str(uri) for uri in self.artifacts]}
+
+
+def _describe(sm, method: str, **params) -> dict | None:
+    """The description, or None when the resource does not exist."""
+    try:
+        with aws_errors(f"{method.replace('_', ' ')} {next(iter(params.values()))}"):
+            return getattr(sm, method)(**params)
+    except AwsError as exc:
+        if exc.kind == "not-found":
+            return None
+        raise
+
+
+def plan_teardown(sm, endpoint: str, config: bool = False, model: bool = False,
+                  artifacts: bool = False) -> Teardown:
+    """Look up the names to delete (read-only calls); ``AwsError`` when nothing called ``endpoint`` exists."""
+    plan = Teardown()
+    found = _describe(sm, "describe_endpoint", EndpointName=endpoint)
+    config_name = found["EndpointConfigName"] if found else endpoint
+    plan.endpoint = endpoint if found else None
+    config_description = _describe(sm, "describe_endpoint_config", EndpointConfigName=config_name) \
+        if (config or model or artifacts) else None
+    if found is None and config_description is None:
+        raise AwsError(f"no endpoint {endpoint} exists" + ("" if config or model else " (nothing to delete)"),
+                       hint="list endpoints with 'aws sagemaker list-endpoints'; check --region",
+                       code="ValidationException", kind="not-found")
+    if config and config_description:
+        plan.config = config_name
+    names = [v["ModelName"] for v in (config_description or {}).get("ProductionVariants", []) if v.get("ModelName")]
+    for name in dict.fromkeys(names):
+        description = _describe(sm, "describe_model", ModelName=name)
+        if description is None:
+            continue
+        if model:
+            plan.models.append(name)
+        if artifacts:
+            plan.artifacts.extend(model_artifacts(description))
+    whole_bucket = next((uri for uri in plan.artifacts if not uri.key), None)
+    if whole_bucket:
+        raise UsageError(f"model data {whole_bucket} is a whole bucket; refusing to empty it",
+                         hint="delete the objects yourself, or drop --artifacts")
+    return plan
+
+
+def model_artifacts(description: dict) -> list[S3Uri]:
+    """The S3 locations a model's containers load from (tarball objects and uncompressed prefixes)."""
+    containers = [description["PrimaryContainer"]] if description.get("PrimaryContainer") else []
+    containers += description.get("Containers", [])
+    found = []
+    for container in containers:
+        source = (container.get("ModelDataSource") or {}).get("S3DataSource") or {}
+        uri = container.get("ModelDataUrl") or source.get("S3Uri")
+        if uri and uri.startswith("s3://"):
+            found.append(S3Uri.parse(uri))
+    return found
+
+
+def delete(sm, s3, plan: Teardown, on_step: Callable[[str], None] | None = None) -> None:
+    """Delete what ``plan`` names, in order; ``on_step(message)`` after each deletion."""
+    step = on_step or (lambda _: None)
+    if plan.endpoint:
+        with aws_errors(f"deleting endpoint {plan.endpoint}"):
+            sm.delete_endpoint(EndpointName=plan.endpoint)
+        step(f"deleted endpoint {plan.endpoint}")
+    if plan.config:
+        with aws_errors(f"deleting endpoint config {plan.config}"):
+            sm.delete_endpoint_config(EndpointConfigName=plan.config)
+        step(f"deleted endpoint config {plan.config}")
+    for name in plan.models:
+        with aws_errors(f"deleting model {name}"):
+            sm.delete_model(ModelName=name)
+        step(f"deleted model {name}")
+    for uri in plan.artifacts:
+        keys = list_keys(s3, uri) if uri.is_prefix else [uri.key]
+        delete_keys(s3, uri.bucket, keys)
+        step(f"deleted {len(keys)} object(s) at {uri}")

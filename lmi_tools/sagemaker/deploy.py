@@ -1,0 +1,299 @@
+"""Deploy an artifact on S3 to a SageMaker real-time endpoint on an LMI image, with boto3 alone.
+
+``plan_deployment`` turns a ``DeploySpec`` into the exact API calls (``create_model``,
+``create_endpoint_config``, ``create_endpoint``) without touching AWS, so ``--dry-run`` prints precisely
+what ``create`` later sends. ``deploy`` checks the artifact and the names, makes the calls (removing what it
+created if a later call fails) and polls ``describe_endpoint`` until ``InService``, or raises with
+SageMaker's ``FailureReason``. All three resources share one name (``DeploySpec.name``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable, Mapping
+
+from ..errors import AwsError, UsageError
+from .aws import aws_errors
+from .hosting import HostingInstance, parse_any
+from .images import ImageChoice, resolve_image
+from .upload import S3Uri, list_keys
+
+NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
+ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+")
+AWS_CREDENTIAL_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
+                                "AWS_SECURITY_TOKEN"})
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY", re.IGNORECASE)
+VARIANT = "AllTraffic"
+DEFAULT_TIMEOUT_S = 1800
+DEFAULT_VOLUME_GB = 256
+FAILED_STATES = frozenset({"Failed", "UpdateRollbackFailed", "OutOfService", "Deleting"})
+StatusCallback = Callable[[str, float], None]
+# GetBucketLocation answers null for us-east-1 and "EU" for some old eu-west-1 buckets.
+LEGACY_LOCATIONS = {"": "us-east-1", "EU": "eu-west-1"}
+
+
+@dataclass(frozen=True)
+class DeploySpec:
+    """What to deploy: the artifact (``s3://.../model.tar.gz`` or an uncompressed ``s3://.../prefix/``), where
+    (instance type and count, region), as whom (the execution role) and under which name."""
+
+    artifact: str
+    instance: str
+    role: str
+    name: str
+    region: str
+    image: str | None = None
+    #: LMI release for the image table (``0.29.0``...); ignored with ``image``.
+    lmi_version: str | None = None
+    instance_count: int = 1
+    #: Container environment (``OPTION_*``, ``HF_MODEL_ID``...): at most 100 entries of 1024 bytes.
+    environment: Mapping[str, str] = field(default_factory=dict)
+    #: ModelDataDownloadTimeoutInSeconds (download and extraction), 60-3600.
+    download_timeout: int = DEFAULT_TIMEOUT_S
+    #: ContainerStartupHealthCheckTimeoutInSeconds (until /ping answers 200), 60-3600.
+    startup_timeout: int = DEFAULT_TIMEOUT_S
+    #: VolumeSizeInGB, 1-512, only on instances without local NVMe; None: DEFAULT_VOLUME_GB there.
+    volume_size: int | None = None
+
+
+@dataclass(frozen=True)
+class ApiCall:
+    """One boto3 ``sagemaker`` client call: method name and keyword arguments."""
+
+    method: str
+    params: dict
+
+    def as_json(self) -> dict:
+        """The call for printing: values of secret-looking environment variables are masked."""
+        return {"service": "sagemaker", "method": self.method,
+                "operation": "".join(part.title() for part in self.method.split("_")), "params": _masked(self.params)}
+
+
+@dataclass(frozen=True)
+class DeployPlan:
+    """The API calls a deployment makes, and the image chosen for it."""
+
+    spec: DeploySpec
+    artifact: S3Uri
+    image: ImageChoice
+    calls: tuple[ApiCall, ...]
+
+    def as_json(self) -> dict:
+        return {"region": self.spec.region, "image": {"uri": self.image.uri, "source": self.image.source},
+                "calls": [call.as_json() for call in self.calls],
+                "then": f"describe_endpoint(EndpointName={self.spec.name!r}) until EndpointStatus is InService"}
+
+
+def default_name(artifact: str, now: datetime | None = None) -> str:
+    """``lmi-<artifact name>-<UTC time>``, shortened and cleaned to SageMaker's name rules."""
+    stem = artifact.rstrip("/").rsplit("/", 1)[-1].removesuffix(".tar.gz") or "model"
+    stem = re.sub(r"[^a-zA-Z0-9]+", "-", stem).strip("-")[:32] or "model"
+    stamp = (now or datetime.now(timezone.utc)).strftime("%Y%m%d-%H%M%S")
+    return f"lmi-{stem}-{stamp}"
+
+
+def plan_deployment(spec: DeploySpec) -> DeployPlan:
+    """The calls for ``spec``; validates every field first (UsageError naming the option). No AWS call."""
+    _validate(spec)
+    artifact = S3Uri.parse(spec.artifact, "--artifact")
+    if not (artifact.is_prefix or artifact.key.endswith(".tar.gz")):
+        raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
+                         hint="use s3://bucket/path/model.tar.gz, or s3://bucket/path/ for an uncompressed upload")
+    host = parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
+    image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
+    container: dict = {"Image": image.uri}
+    if artifact.is_prefix:
+        container["ModelDataSource"] = {"S3DataSource": {"S3Uri": str(artifact), "S3DataType": "S3Prefix",
+                                                         "CompressionType": "None"}}
+    else:
+        container["ModelDataUrl"] = str(artifact)
+    if spec.environment:
+        container["Environment"] = dict(spec.environment)
+    calls = (ApiCall("create_model", {"ModelName": spec.name, "ExecutionRoleArn": spec.role,
+                                      "PrimaryContainer": container}),
+             ApiCall("create_endpoint_config", {"EndpointConfigName": spec.name,
+                                                "ProductionVariants": [_variant(spec, host)]}),
+             ApiCall("create_endpoint", {"EndpointName": spec.name, "EndpointConfigName": spec.name}))
+    return DeployPlan(spec, artifact, image, calls)
+
+
+def _variant(spec: DeploySpec, host: HostingInstance) -> dict:
+    variant = {"VariantName": VARIANT, "ModelName": spec.name, "InstanceType": spec.instance,
+               "InitialInstanceCount": spec.instance_count,
+               "ModelDataDownloadTimeoutInSeconds": spec.download_timeout,
+               "ContainerStartupHealthCheckTimeoutInSeconds": spec.startup_timeout}
+    if host.accepts_volume_size:
+        variant["VolumeSizeInGB"] = spec.volume_size or DEFAULT_VOLUME_GB
+    elif spec.volume_size is not None:
+        raise UsageError(f"--volume-size cannot be set on {spec.instance}: the {host.family} family has local NVMe "
+                         "storage, which SageMaker uses instead of an EBS volume",
+                         hint="drop --volume-size (see docs/sagemaker.md, 'Storage')")
+    return variant
+
+
+def _validate(spec: DeploySpec) -> None:
+    if not NAME.fullmatch(spec.name):
+        raise UsageError(f"--name {spec.name!r} is not a valid SageMaker name",
+                         hint="1-63 letters, digits and hyphens, starting with a letter or digit")
+    if not ROLE_ARN.fullmatch(spec.role):
+        raise UsageError(f"--role {spec.role!r} is not an IAM role ARN",
+                         hint="arn:aws:iam::<account>:role/<name>, a role SageMaker may assume with S3 and ECR read")
+    for option, value, low, high in (("--download-timeout", spec.download_timeout, 60, 3600),
+                                     ("--startup-timeout", spec.startup_timeout, 60, 3600),
+                                     ("--instance-count", spec.instance_count, 1, 1000),
+                                     ("--volume-size", spec.volume_size, 1, 512)):
+        if value is not None and not low <= value <= high:
+            raise UsageError(f"{option} {value} is out of range", hint=f"allowed: {low} to {high}")
+    _validate_environment(spec.environment)
+
+
+def _validate_environment(environment: Mapping[str, str]) -> None:
+    leaked = sorted(AWS_CREDENTIAL_ENV & set(environment))
+    if leaked:
+        raise UsageError(f"--env {leaked[0]}: AWS credentials must not be passed to the container",
+                         hint="the endpoint acts with its execution role (--role); grant that role what it needs")
+    if len(environment) > 100:
+        raise UsageError(f"--env: {len(environment)} variables, SageMaker allows at most 100")
+    for key, value in environment.items():
+        if not key or len(key.encode()) > 1024 or len(value.encode()) > 1024:
+            raise UsageError(f"--env {key[:40]!r}: names and values must be 1 to 1024 bytes")
+    if sum(len(k.encode()) + len(v.encode()) for k, v in environment.items()) > 32 * 1024:
+        raise UsageError("--env: the environment exceeds SageMaker's 32 KB limit")
+
+
+def _masked(value):
+    if isinstance(value, dict):
+        return {k: _mask_env(v) if k == "Environment" else _masked(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v) for v in value]
+    return value
+
+
+def _mask_env(environment: dict) -> dict:
+    return {k: "****" if SECRET_NAME.search(k) else v for k, v in environment.items()}
+
+
+# --- talking to AWS -------------------------------------------------------------------------------
+
+def check_artifact(s3, artifact: S3Uri, region: str) -> None:
+    """Fail now, not 20 minutes into endpoint creation: the artifact exists, in the endpoint's region, and a
+    prefix holds no "folder" keys (SageMaker fails the deployment on them)."""
+    with aws_errors(f"reading the location of bucket {artifact.bucket}"):
+        constraint = s3.get_bucket_location(Bucket=artifact.bucket).get("LocationConstraint")
+    location = LEGACY_LOCATIONS.get(constraint or "", constraint)
+    if location != region:
+        raise UsageError(f"bucket {artifact.bucket} is in {location}, the endpoint would be in {region}",
+                         hint="SageMaker reads model data from its own region: upload there, or pass --region")
+    if not artifact.is_prefix:
+        try:
+            with aws_errors(f"looking for {artifact}"):
+                s3.head_object(Bucket=artifact.bucket, Key=artifact.key)
+        except AwsError as exc:
+            if exc.kind == "not-found":
+                raise AwsError(f"{artifact} does not exist", hint="upload it first: lmi upload model.tar.gz "
+                               f"s3://{artifact.bucket}/<prefix>/", code=exc.code, kind="not-found") from None
+            raise
+        return
+    keys = list_keys(s3, artifact)
+    if not keys:
+        raise AwsError(f"{artifact} holds no objects", hint=f"upload the model directory first: lmi upload DIR "
+                       f"{artifact}", code="NoSuchKey", kind="not-found")
+    folders = [key for key in keys if key.endswith("/")]
+    if folders:
+        raise UsageError(f"{artifact} holds zero-byte folder keys ({folders[0]}...), on which SageMaker fails "
+                         "the deployment", hint="delete them, or upload again to a new prefix with lmi upload")
+
+
+def check_names_free(sm, name: str) -> None:
+    """No model, endpoint config or endpoint called ``name`` exists yet (so nothing half-made is left behind)."""
+    for what, method, param in (("model", "describe_model", "ModelName"),
+                                ("endpoint config", "describe_endpoint_config", "EndpointConfigName"),
+                                ("endpoint", "describe_endpoint", "EndpointName")):
+        try:
+            with aws_errors(f"checking for an existing {what} {name}"):
+                getattr(sm, method)(**{param: name})
+        except AwsError as exc:
+            if exc.kind == "not-found":
+                continue
+            raise
+        raise AwsError(f"a SageMaker {what} named {name} already exists", code="AlreadyExists", kind="in-use",
+                       hint=f"choose another --name, or remove the old one: lmi delete {name} --config --model")
+
+
+UNDO = {"create_model": ("delete_model", "ModelName"),
+        "create_endpoint_config": ("delete_endpoint_config", "EndpointConfigName")}
+
+
+def create(sm, plan: DeployPlan, on_step: Callable[[str], None] | None = None) -> str:
+    """Make the plan's calls; returns the endpoint ARN. If a call fails, what this run created is deleted."""
+    done: list[ApiCall] = []
+    answer: dict = {}
+    try:
+        for call in plan.calls:
+            with aws_errors(call.method.replace("_", " ") + f" {plan.spec.name}"):
+                answer = getattr(sm, call.method)(**call.params)
+            done.append(call)
+            if on_step:
+                on_step(f"{call.method}: {plan.spec.name}")
+    except AwsError as exc:
+        undone = _undo(sm, done)
+        if undone:
+            exc.hint = f"{exc.hint + '; ' if exc.hint else ''}removed what this run created: {', '.join(undone)}"
+        raise
+    return answer.get("EndpointArn", "")
+
+
+def _undo(sm, done: list[ApiCall]) -> list[str]:
+    undone = []
+    for call in reversed(done):
+        method, param = UNDO[call.method]
+        try:
+            with aws_errors(f"{method} {call.params[param]}"):
+                getattr(sm, method)(**{param: call.params[param]})
+            undone.append(f"{method.removeprefix('delete_').replace('_', ' ')} {call.params[param]}")
+        except AwsError:
+            pass  # best effort: the original error is the one to report
+    return undone
+
+
+def wait_in_service(sm, name: str, timeout_s: float = 3600, poll_s: float = 30,
+                    on_status: StatusCallback | None = None, sleep: Callable[[float], None] = time.sleep,
+                    clock: Callable[[], float] = time.monotonic) -> dict:
+    """Poll ``describe_endpoint`` until ``InService`` (returns the description); ``AwsError`` on a failed state
+    (with SageMaker's FailureReason) or when ``timeout_s`` passes. ``on_status(status, elapsed_s)`` each poll."""
+    began = clock()
+    while True:
+        with aws_errors(f"describing endpoint {name}"):
+            description = sm.describe_endpoint(EndpointName=name)
+        status, elapsed = description["EndpointStatus"], clock() - began
+        if on_status:
+            on_status(status, elapsed)
+        if status == "InService":
+            return description
+        if status in FAILED_STATES:
+            reason = description.get("FailureReason") or "SageMaker gave no reason"
+            raise AwsError(f"endpoint {name} is {status}: {reason}", code=status, kind="failed",
+                           hint=f"the endpoint, its config and model stay for inspection; remove them with "
+                                f"lmi delete {name} --config --model")
+        if elapsed + poll_s > timeout_s:
+            raise AwsError(f"endpoint {name} is still {status} after {elapsed:.0f} s", code="WaitTimeout",
+                           kind="timeout", hint=f"it keeps going (and billing): check it later with 'aws sagemaker "
+                                                f"describe-endpoint --endpoint-name {name}', or lmi delete {name}")
+        sleep(poll_s)
+
+
+def deploy(sm, s3, plan: DeployPlan, wait: bool = True, timeout_s: float = 3600, poll_s: float = 30,
+           on_step: Callable[[str], None] | None = None, on_status: StatusCallback | None = None,
+           check: bool = True) -> dict:
+    """Check, create, and (``wait``) wait until InService; returns the last ``describe_endpoint`` answer
+    (or ``{"EndpointArn"}`` without waiting)."""
+    if check:
+        check_artifact(s3, plan.artifact, plan.spec.region)
+        check_names_free(sm, plan.spec.name)
+    arn = create(sm, plan, on_step)
+    if not wait:
+        return {"EndpointArn": arn, "EndpointName": plan.spec.name}
+    return wait_in_service(sm, plan.spec.name, timeout_s, poll_s, on_status)
