@@ -225,7 +225,7 @@ class SlotRunner:
         self.backend = backend
         self.torch = backend.torch
         self.decode_attention = decode_attention
-        self.cache = make_slot_cache(self.torch)
+        self.cache = make_slot_cache(self.torch, backend.max_batch_size, backend.max_sequence_length)
         self.rows: list[SequenceState] = []  # rows[i] occupies cache row i
         self.neg = self.torch.finfo(next(backend.model.parameters()).dtype).min
 
@@ -394,12 +394,12 @@ def grouped_decode_attention(model: Any) -> str | None:
 _slot_cache_class: Any = None
 
 
-def make_slot_cache(torch: Any) -> Any:
+def make_slot_cache(torch: Any, max_rows: int, max_columns: int) -> Any:
     """A ``SlotCache`` instance; the class subclasses transformers' ``Cache`` and is built on first use."""
     global _slot_cache_class
     if _slot_cache_class is None:
         _slot_cache_class = _build_slot_cache_class(torch)
-    return _slot_cache_class()
+    return _slot_cache_class(max_rows, max_columns)
 
 
 def _build_slot_cache_class(torch: Any) -> Any:
@@ -415,11 +415,13 @@ def _build_slot_cache_class(torch: Any) -> Any:
         and how many columns attention reads.
         """
 
-        def __init__(self) -> None:
+        def __init__(self, max_rows: int, max_columns: int) -> None:
             if takes_layers:
                 super().__init__(layers=[])
             else:
                 super().__init__()
+            # Doubling stops at these (more is allocated only when a step really needs it).
+            self.max_rows, self.max_columns = max_rows, max_columns
             self.keys: list[Any] = []
             self.values: list[Any] = []
             self._rows = (0, 0)
@@ -452,9 +454,11 @@ def _build_slot_cache_class(torch: Any) -> Any:
             current = self.keys[layer]
             have_rows, have_cols = (0, 0) if current is None else (current.shape[0], current.shape[2])
             if have_rows < rows_needed or have_cols < cols_needed:
-                # Each dimension only grows, doubling when it must, so growth is rare and amortized.
-                rows = have_rows if have_rows >= rows_needed else max(rows_needed, 2 * have_rows)
-                cols = have_cols if have_cols >= cols_needed else max(cols_needed, 2 * have_cols, 64)
+                # Each dimension only grows, doubling when it must (up to the backend's limits), so growth is
+                # rare and amortized without reserving far more than the batch and sequence limits need.
+                rows = have_rows if have_rows >= rows_needed else max(rows_needed, min(2 * have_rows, self.max_rows))
+                cols = have_cols if have_cols >= cols_needed else max(
+                    cols_needed, min(max(2 * have_cols, 64), self.max_columns))
                 shape = (rows, like.shape[1], cols, like.shape[3])
                 new_keys = torch.zeros(shape, dtype=like.dtype, device=like.device)
                 new_values = torch.zeros(shape, dtype=like.dtype, device=like.device)
