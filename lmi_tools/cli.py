@@ -19,6 +19,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 COMMAND_MODULES = [
     "lmi_tools.commands.tiny_model",
     "lmi_tools.commands.serve",
+    "lmi_tools.commands.bench",
 ]
 
 for _name in COMMAND_MODULES:
