@@ -5,8 +5,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from ..errors import UsageError
+
+
+def require_matplotlib() -> None:
+    """Fail before a run, not after it, when plots cannot be drawn."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise UsageError("PNG plots need matplotlib", hint="pip install 'lmi-handlers[bench]', or pass --no-plots") \
+            from None
+
 
 def _pyplot():
+    require_matplotlib()
     import matplotlib
 
     matplotlib.use("Agg")

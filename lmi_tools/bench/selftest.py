@@ -58,7 +58,11 @@ def _versions() -> dict[str, str | None]:
 def _level(plan: BenchPlan, concurrency: int, progress: Progress | None) -> dict[str, Any]:
     from .runner import NoProgress
 
+    cpu = time.process_time()
     log = run_async(run_level(plan, concurrency, progress or NoProgress()))
+    # CPU seconds this process spent (all threads, warm-up included): robust on a busy machine, unlike wall time
+    cpu = time.process_time() - cpu
+    sent = len(log.records) + plan.load.warmup_for(concurrency)
     count_tokens(log.records, plan.prompts, None)
     ok = [r for r in log.records if r.ok]
     wall = max(r.end for r in log.records) - min(r.send for r in log.records) if log.records else 0.0
@@ -67,6 +71,8 @@ def _level(plan: BenchPlan, concurrency: int, progress: Progress | None) -> dict
             "errors": len(log.records) - len(ok), "wall_s": wall,
             "requests_per_s": len(ok) / wall if wall else None,
             "token_events_per_s": events / wall if wall else None,
+            "client_cpu_us_per_request": cpu / sent * 1e6 if sent else None,
+            "requests_per_client_cpu_s": sent / cpu if cpu > 0 else None,
             "first_error": next((r.error for r in log.records if r.error), None)}
 
 
@@ -86,8 +92,10 @@ def run_self_test(concurrencies: tuple[int, ...] = (1, 16, 64), sagemaker_concur
             plan = BenchPlan(target, shape, prompts, load)
             levels += [_level(plan, c, progress) for c in levels_for]
     http = [lv["requests_per_s"] or 0 for lv in levels if lv["api"] == "lmi"]
+    http_cpu = [lv["requests_per_client_cpu_s"] or 0 for lv in levels if lv["api"] == "lmi"]
     boto = [lv["requests_per_s"] or 0 for lv in levels if lv["api"] == "sagemaker"]
     return {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "versions": _versions(),
             "tokens_per_answer": tokens, "duration_s_per_level": duration, "levels": levels,
             "ceiling_requests_per_s": max(http, default=None), "sagemaker_ceiling_requests_per_s": max(boto, default=None),
+            "ceiling_requests_per_client_cpu_s": max(http_cpu, default=None),
             "elapsed_s": time.time() - started}

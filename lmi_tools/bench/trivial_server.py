@@ -118,9 +118,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     try:
         import uvloop
-        uvloop.run(serve(args.port, args.tokens))
     except ImportError:
         asyncio.run(serve(args.port, args.tokens))
+    else:
+        uvloop.run(serve(args.port, args.tokens))
 
 
 if __name__ == "__main__":  # pragma: no cover

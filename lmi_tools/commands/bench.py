@@ -89,9 +89,12 @@ def bench(
 
 def _run(plan, output: Path, with_plots: bool, show_progress: bool) -> None:
     from ..bench.markdown import metric_table
+    from ..bench.plots import require_matplotlib
     from ..bench.report import build_report, write_reports
     from ..bench.runner import run_bench
 
+    if with_plots:
+        require_matplotlib()
     bar = _RichProgress() if show_progress else None
     results = run_bench(plan, bar)
     report = build_report(plan.describe(), results)
@@ -211,16 +214,18 @@ def _self_test(levels: tuple[int, ...], duration: float, show_progress: bool) ->
 
     result = run_self_test(concurrencies=levels, duration=duration,
                            progress=_RichProgress() if show_progress else None)
-    typer.echo("| client | concurrency | requests | errors | requests/s | token events/s |")
-    typer.echo("|---|---:|---:|---:|---:|---:|")
+    typer.echo("| client | concurrency | requests | errors | requests/s | token events/s | client CPU/request |")
+    typer.echo("|---|---:|---:|---:|---:|---:|---:|")
     for level in result["levels"]:
         client = "aiohttp (HTTP)" if level["api"] == "lmi" else "boto3 (SageMaker)"
         typer.echo(f"| {client} | {level['concurrency']} | {level['requests']} | {level['errors']} | "
-                   f"{level['requests_per_s'] or 0:,.0f} | {level['token_events_per_s'] or 0:,.0f} |")
+                   f"{level['requests_per_s'] or 0:,.0f} | {level['token_events_per_s'] or 0:,.0f} | "
+                   f"{level['client_cpu_us_per_request'] or 0:,.0f} us |")
     versions = ", ".join(f"{k} {v}" for k, v in result["versions"].items() if v)
-    typer.echo(f"load generator ceiling: {result['ceiling_requests_per_s'] or 0:,.0f} requests/s over HTTP, "
-               f"{result['sagemaker_ceiling_requests_per_s'] or 0:,.0f} requests/s through boto3 "
-               f"({result['machine']['cpus']} CPUs; {versions})")
+    typer.echo(f"load generator ceiling: {result['ceiling_requests_per_s'] or 0:,.0f} requests/s over HTTP "
+               f"(wall clock; {result['ceiling_requests_per_client_cpu_s'] or 0:,.0f} per CPU-second of the client), "
+               f"{result['sagemaker_ceiling_requests_per_s'] or 0:,.0f} requests/s through boto3; "
+               f"{result['machine']['cpus']} CPUs; {versions}")
     errors = [lv["first_error"] for lv in result["levels"] if lv["first_error"]]
     if errors:
         raise UsageError(f"the self-test saw errors: {errors[0]}")
@@ -254,4 +259,6 @@ class _RichProgress:
             self.progress.update(self.task, completed=elapsed)
 
     def end(self) -> None:
+        if self.by_time:  # the last tick can fall just short of the duration
+            self.progress.update(self.task, completed=self.progress.tasks[0].total)
         self.progress.stop()
