@@ -17,11 +17,11 @@ def server(serve_module):
     return serve_module([model], args=["--sagemaker-part-size", "7"])
 
 
-def bench(tmp_path, *args, plots=False):
+def bench(tmp_path, *args, plots=False, exit_code=0):
     out = tmp_path / "out"
     code = main(["bench", *args, "--no-progress", "-o", str(out), "--max-new-tokens", str(MAX_NEW),
                  "--prompt-tokens", "10", *([] if plots else ["--no-plots"])])
-    assert code == 0
+    assert code == exit_code
     report = json.loads((out / "report.json").read_text())
     logs = {run["concurrency"]: [json.loads(line) for line in (out / run["log"]).read_text().splitlines()[1:]]
             for run in report["runs"]}
@@ -65,7 +65,7 @@ def test_openai_chat_on_lmi_serve(server, tmp_path):
                                            ("/endpoints/scripted/invocations-response-stream", "ModelStreamError")])
 def test_failures_mid_stream_are_errors_not_results(server, tmp_path, path, message):
     report, logs = bench(tmp_path, server.url + path, "-c", "2", "-n", "4", "--prompt", "go [[fail@3]]",
-                         "--warmup", "0")
+                         "--warmup", "0", exit_code=1)  # reports are written, and the exit code says it failed
     summary = report["runs"][0]["summary"]
     assert summary["requests"]["errors"] == 4 and summary["requests"]["error_rate"] == 1.0
     assert all(message in r["error"] for r in logs[2])
@@ -74,7 +74,7 @@ def test_failures_mid_stream_are_errors_not_results(server, tmp_path, path, mess
 
 def test_bad_requests_are_counted_with_the_server_message(server, tmp_path):
     report, logs = bench(tmp_path, server.url + "/predictions/scripted", "-n", "2", "--warmup", "0",
-                         "--extra-body", '{"parameters": {"bogus": 1}}')
+                         "--extra-body", '{"parameters": {"bogus": 1}}', exit_code=1)
     assert report["runs"][0]["summary"]["requests"]["errors"] == 2
     assert logs[1][0]["status"] == 400 and "unknown field parameters.bogus" in logs[1][0]["error"]
 

@@ -95,19 +95,10 @@ class NoProgress:
         pass
 
 
-def run_async(main: Coroutine[Any, Any, Any]) -> Any:
-    """Run on uvloop where it is installed (the ``bench`` extra on Linux/macOS): it lifts the client's ceiling."""
-    try:
-        import uvloop
-    except ImportError:
-        return asyncio.run(main)
-    return uvloop.run(main)
-
-
 def run_bench(plan: BenchPlan, progress: Progress | None = None) -> list[RunResult]:
     """Every concurrency level of the plan, one after the other."""
     progress = progress or NoProgress()
-    return run_async(_run_all(plan, progress))
+    return asyncio.run(_run_all(plan, progress))
 
 
 async def _run_all(plan: BenchPlan, progress: Progress) -> list[RunResult]:

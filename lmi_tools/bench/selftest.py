@@ -7,6 +7,7 @@ side is the real one: the same executors, reader, closed loop and records as a b
 
 from __future__ import annotations
 
+import asyncio
 import os
 import platform
 import subprocess
@@ -19,7 +20,7 @@ from typing import Any, Iterator
 from ..errors import ToolError
 from .apis import RequestShape
 from .prompts import PromptSet
-from .runner import BenchPlan, LoadSettings, Progress, count_tokens, run_async, run_level
+from .runner import BenchPlan, LoadSettings, NoProgress, Progress, count_tokens, run_level
 from .targets import parse_target
 
 
@@ -47,7 +48,7 @@ def trivial_endpoint(tokens: int, pin: bool = True) -> Iterator[int]:
 
 def _versions() -> dict[str, str | None]:
     out: dict[str, str | None] = {"python": platform.python_version()}
-    for name in ("aiohttp", "uvloop", "boto3"):
+    for name in ("aiohttp", "boto3"):
         try:
             out[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -56,10 +57,8 @@ def _versions() -> dict[str, str | None]:
 
 
 def _level(plan: BenchPlan, concurrency: int, progress: Progress | None) -> dict[str, Any]:
-    from .runner import NoProgress
-
     cpu = time.process_time()
-    log = run_async(run_level(plan, concurrency, progress or NoProgress()))
+    log = asyncio.run(run_level(plan, concurrency, progress or NoProgress()))
     # CPU seconds this process spent (all threads, warm-up included): robust on a busy machine, unlike wall time
     cpu = time.process_time() - cpu
     sent = len(log.records) + plan.load.warmup_for(concurrency)

@@ -116,12 +116,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--tokens", type=int, default=4)
     args = parser.parse_args(argv)
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(serve(args.port, args.tokens))
-    else:
-        uvloop.run(serve(args.port, args.tokens))
+    asyncio.run(serve(args.port, args.tokens))
 
 
 if __name__ == "__main__":  # pragma: no cover

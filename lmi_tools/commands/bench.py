@@ -9,7 +9,7 @@ from typing import Any, Optional
 
 import typer
 
-from ..errors import UsageError
+from ..errors import ToolError, UsageError
 
 
 def register(app: typer.Typer) -> None:
@@ -76,12 +76,12 @@ def bench(
     options = dict(api=api, stream=stream, region=region, tokenizer=tokenizer, prompt=prompt,
                    prompt_tokens=prompt_tokens, price=price, price_source=price_source, headers=_headers(header or []),
                    shape=RequestShape(max_new_tokens, ignore_eos=ignore_eos, model=model, extra=_json(extra_body)))
+    if serve is None and len(targets) != 1:
+        raise UsageError("give one TARGET (or --serve MODEL_DIR)", hint="e.g. lmi bench "
+                         "http://127.0.0.1:8080/predictions/model -c 4 -n 100")
+    if serve is not None and targets:
+        raise UsageError("give either TARGET or --serve, not both")
     with _server(serve, output) as server:
-        if server is None and len(targets) != 1:
-            raise UsageError("give one TARGET (or --serve MODEL_DIR)", hint="e.g. lmi bench "
-                             "http://127.0.0.1:8080/predictions/model -c 4 -n 100")
-        if server is not None and targets:
-            raise UsageError("give either TARGET or --serve, not both")
         target = targets[0] if targets else server.target(_api_or_none(api))
         plan = _plan(target, load, server, **options)
         _run(plan, output, plots, progress)
@@ -101,6 +101,10 @@ def _run(plan, output: Path, with_plots: bool, show_progress: bool) -> None:
     written = write_reports(report, results, output, with_plots)
     typer.echo("\n".join(metric_table([(f"C={r.log.concurrency}", r.summary) for r in results])))
     typer.echo(f"wrote {', '.join(str(p) for p in written if p.suffix in ('.json', '.md', '.png'))}")
+    if not any(r.summary["requests"]["ok"] for r in results):
+        errors = [e for r in results for e in r.summary["errors"]]
+        raise ToolError(f"no request succeeded; first error: {errors[0] if errors else 'none recorded'}",
+                        hint=f"the per-request logs are in {output}")
 
 
 def _plan(target: str, load, server, *, api, stream, region, tokenizer, prompt, prompt_tokens, price,
