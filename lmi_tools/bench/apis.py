@@ -120,7 +120,8 @@ def _lmi_details(answer: Answer, details: Any) -> None:
     if not isinstance(details, dict):
         return
     answer.finish_reason = details.get("finish_reason", answer.finish_reason)
-    answer.output_tokens = _int(details.get("generated_tokens")) or answer.output_tokens
+    generated = _int(details.get("generated_tokens"))
+    answer.output_tokens = generated if generated is not None else answer.output_tokens
     prompt = _int(details.get("prompt_tokens"))
     prompt = prompt if prompt is not None else _int(details.get("input_length"))
     answer.input_tokens = prompt if prompt is not None else answer.input_tokens

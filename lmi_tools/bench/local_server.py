@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from ..errors import ToolError, UsageError
-from ..serving.store import model_name_for, read_properties_file
+from ..serving.store import model_name_for, model_properties
 from .apis import Api
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -26,7 +26,7 @@ def free_port() -> int:
 
 def tokenizer_dir(model_dir: Path) -> Path | None:
     """The local directory the model's tokenizer loads from (``option.model_id``, else the model directory)."""
-    model_id = read_properties_file(model_dir / "serving.properties").get("option.model_id")
+    model_id = model_properties(model_dir).get("model_id")  # as lmi serve reads it, OPTION_MODEL_ID included
     candidate = model_dir if not model_id else (model_dir / model_id if not Path(model_id).is_absolute()
                                                 else Path(model_id))
     if candidate.is_dir() and any((candidate / name).is_file() for name in TOKENIZER_FILES):
@@ -47,11 +47,11 @@ class LocalServer:
         self.base = f"http://127.0.0.1:{self.port}"
         self.process: subprocess.Popen | None = None
 
-    def target(self, api: Api | None) -> str:
+    def target(self, api: Api | None, stream: bool | None = None) -> str:
         """The URL of this server that speaks ``api`` (``lmi`` when None)."""
+        sagemaker = "invocations" if stream is False else "invocations-response-stream"
         paths = {None: f"/predictions/{self.name}", Api.LMI: f"/predictions/{self.name}",
-                 Api.SAGEMAKER: f"/endpoints/{self.name}/invocations-response-stream",
-                 Api.OPENAI_CHAT: "/v1/chat/completions"}
+                 Api.SAGEMAKER: f"/endpoints/{self.name}/{sagemaker}", Api.OPENAI_CHAT: "/v1/chat/completions"}
         if api not in paths:
             raise UsageError(f"--serve: lmi serve does not speak --api {api.value if api else api}",
                              hint="use --api lmi, sagemaker or openai-chat with --serve")

@@ -82,7 +82,7 @@ def bench(
     if serve is not None and targets:
         raise UsageError("give either TARGET or --serve, not both")
     with _server(serve, output) as server:
-        target = targets[0] if targets else server.target(_api_or_none(api))
+        target = targets[0] if targets else server.target(_api_or_none(api), stream)
         plan = _plan(target, load, server, **options)
         _run(plan, output, plots, progress)
 

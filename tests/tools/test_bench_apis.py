@@ -181,3 +181,9 @@ def test_a_transport_error_already_on_the_record_wins():
     reader.feed(jsonlines({"token": {"text": "a"}}), 1.0)
     complete(record, reader.finish(2.0), 2.0)
     assert record.error.startswith("ClientPayloadError") and record.first_token is None
+
+
+def test_zero_generated_tokens_is_a_count_not_a_missing_one():
+    rec = read(Api.LMI, "application/json", [json.dumps(
+        {"generated_text": "", "details": {"generated_tokens": 0, "finish_reason": "eos_token"}}).encode()])
+    assert (rec.output_tokens, rec.output_tokens_source) == (0, "server")

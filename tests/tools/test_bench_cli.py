@@ -49,3 +49,22 @@ def test_compare_rejects_files_that_are_not_reports(tmp_path, capsys):
     path.write_text('{"hello": 1}')
     assert main(["bench", "--compare", str(path)]) == 2
     assert "is not an lmi bench report" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("model_id, expected", [
+    (None, "."),                 # no model_id: the model directory itself
+    ("weights", "weights"),      # relative to the model directory
+    ("ABS", "weights"),          # absolute
+    ("missing", None),
+])
+def test_serve_finds_the_models_tokenizer(tmp_path, model_id, expected):
+    from lmi_tools.bench.local_server import tokenizer_dir
+
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "tokenizer.json").write_text("{}")
+    if model_id is None:
+        (tmp_path / "tokenizer_config.json").write_text("{}")
+    value = str(tmp_path / "weights") if model_id == "ABS" else model_id
+    (tmp_path / "serving.properties").write_text("engine=Python\n" + (f"option.model_id={value}\n" if value else ""))
+    found = tokenizer_dir(tmp_path)
+    assert found == (None if expected is None else (tmp_path / expected if expected != "." else tmp_path))
