@@ -23,7 +23,9 @@ FULL = json.dumps({"max_new_tokens": len(TEXT.encode())})
 
 @pytest.fixture(scope="module")
 def server(serve_module):
-    model = serve_module.scripted("chatty", **{"option.rolling_batch": "auto", "option.scripted_text": TEXT,
+    # serving.properties is read as ISO-8859-1 (Java's Properties.load): non-ASCII text goes in as \uXXXX escapes.
+    escaped = TEXT.encode("ascii", "backslashreplace").decode().replace("\\x", "\\u00")
+    model = serve_module.scripted("chatty", **{"option.rolling_batch": "auto", "option.scripted_text": escaped,
                                                "option.max_new_tokens": 64})
     return serve_module([model], args=["--sagemaker-part-size", "3"])
 

@@ -26,6 +26,7 @@ COMMAND_MODULES = [
     "lmi_tools.commands.package",
     "lmi_tools.commands.docker",
     "lmi_tools.commands.sagemaker",
+    "lmi_tools.commands.bench",
 ]
 
 for _name in COMMAND_MODULES:
