@@ -14,7 +14,7 @@ cat > "$OUT/model/serving.properties" <<PROPS
 engine=Python
 option.entryPoint=lmi_handlers.entrypoint
 option.model_id=$(cd "$OUT/tiny-model" && pwd)
-option.rolling_batch=auto
+option.rolling_batch=scheduler
 option.max_rolling_batch_size=16
 PROPS
 

@@ -14,7 +14,7 @@ cat > "$OUT/model/serving.properties" <<PROPS
 engine=Python
 option.entryPoint=lmi_handlers.entrypoint
 option.model_id=$PWD/$OUT/tiny-model
-option.rolling_batch=auto
+option.rolling_batch=scheduler
 option.max_new_tokens=32
 PROPS
 
