@@ -30,6 +30,14 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
+def _closed(record: RequestRecord, reader: ResponseReader | None, end: float) -> RequestRecord:
+    """The record once its answer (if any) is read; a request that never got one keeps only its end time."""
+    if reader is None:
+        record.end = end
+        return record
+    return complete(record, reader.finish(end), end)
+
+
 class HttpClient:
     """Posts JSON bodies with one aiohttp session; keeps up to ``concurrency`` connections alive."""
 
@@ -66,11 +74,7 @@ class HttpClient:
             record.error = f"no complete answer within --request-timeout {self.request_timeout:g}s"
         except self._aiohttp.ClientError as exc:
             record.error = _describe(exc)
-        end = clock() - origin
-        if reader is None:
-            record.end = end
-            return record
-        return complete(record, reader.finish(end), end)
+        return _closed(record, reader, clock() - origin)
 
 
 class SageMakerClient:
@@ -118,11 +122,7 @@ class SageMakerClient:
             record.error = f"{error.get('Code', 'ClientError')}: {error.get('Message', exc)}"[:300]
         except BotoCoreError as exc:
             record.error = _describe(exc)
-        end = clock() - origin
-        if reader is None:
-            record.end = end
-            return record
-        return complete(record, reader.finish(end), end)
+        return _closed(record, reader, clock() - origin)
 
     def _call(self, body: bytes, record: RequestRecord, clock, origin: float) -> ResponseReader:
         args = {"EndpointName": self.target.endpoint_name, "Body": body, "ContentType": "application/json"}

@@ -207,3 +207,28 @@ def test_rolling_batch_greedy_equals_generate_whenever_a_request_joins(tiny_mode
     assert len(bodies) == 14
     for (name, prompt, budget), body in bodies.items():
         assert token_ids(body) == expected_ids(reference, tokenizer(prompt).input_ids, budget), name
+
+
+def test_a_model_directory_answers_every_call_djl_sends(tiny_model_dir, tmp_path, reference):
+    """The done-when of issue 2: serving.properties read as DJLServing reads it, then the init call, a single
+    call, a dynamic batch and a streamed call, each built as the Java front end builds it."""
+    from lmi_tools.properties import read_serving_properties
+
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "serving.properties").write_text(
+        f"engine=Python\noption.entryPoint=lmi_handlers.entrypoint\noption.model_id={tiny_model_dir}\n")
+    handler = Handler()
+    options = {**read_serving_properties(model_dir), "model_dir": str(model_dir)}
+    assert handler.handle(init_input(options)) is None
+    tokenizer, _ = reference
+    want = expected_ids(reference, tokenizer(PROMPTS[0]).input_ids, 8)
+    code, body = ask(handler, {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 8, "details": True}})
+    assert code == 200 and token_ids(body) == want
+    batch = batch_input([request_input(JSON, json.dumps({"inputs": p, "parameters": {"max_new_tokens": 8,
+                                                                                      "details": True}}).encode())
+                         for p in PROMPTS[:3]])
+    out = handler.handle(batch)
+    assert token_ids(bytes(out.content.value_at(0))) == want and out.content.size() == 3
+    code, stream = ask(handler, {"inputs": PROMPTS[0], "stream": True, "parameters": {"max_new_tokens": 8}})
+    assert code == 200 and [json.loads(line)["token"]["id"] for line in stream.splitlines()] == want
