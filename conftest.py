@@ -14,17 +14,3 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from lmi_tools.tiny_model import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
-
-
-@pytest.fixture
-def make_model_dir(tmp_path: Path):
-    """Write a model directory holding ``serving.properties`` with the given keys; returns its path."""
-
-    def make(properties: dict[str, object], name: str = "model") -> Path:
-        directory = tmp_path / name
-        directory.mkdir(parents=True, exist_ok=True)
-        lines = [f"{key}={value}" for key, value in properties.items()]
-        (directory / "serving.properties").write_text("\n".join(lines) + "\n")
-        return directory
-
-    return make

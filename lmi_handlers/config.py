@@ -51,13 +51,16 @@ def _text(value: Any) -> str:
     return value.strip() if isinstance(value, str) else str(value)
 
 
+TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
+
+
 def parse_bool(props: Mapping[str, Any], key: str, default: bool) -> bool:
     if key not in props:
         return default
     text = _text(props[key]).lower()
-    if text in ("true", "1", "yes"):
+    if text in TRUE_WORDS:
         return True
-    if text in ("false", "0", "no"):
+    if text in FALSE_WORDS:
         return False
     raise ConfigError(key, props[key], "expected true or false")
 

@@ -65,13 +65,16 @@ def choose_format(request: GenerationRequest, output_formatter: str = "", accept
     return Format(Framing.JSONLINES, chat, tgi_compat and not chat)
 
 
+def reason_phrase(code: int) -> str:
+    try:
+        return HTTPStatus(code).phrase
+    except ValueError:
+        return "error"
+
+
 def error_object(code: int, message: str) -> dict[str, Any]:
     """The one error body shape: what ``Output.error`` sends, also used inside streams and batches."""
-    try:
-        reason = HTTPStatus(code).phrase
-    except ValueError:
-        reason = "error"
-    return {"code": code, "message": reason, "error": message}
+    return {"code": code, "message": reason_phrase(code), "error": message}
 
 
 def dumps(value: Any) -> str:

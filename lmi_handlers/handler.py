@@ -12,14 +12,13 @@ This is the only place where errors become responses.
 from __future__ import annotations
 
 import logging
-from http import HTTPStatus
 from typing import Any, Callable, Iterator
 
 from . import djl
 from .backends import load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
-from .encoding import dumps, error_object
+from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, status_of
 from .job import Job, prepare_job
@@ -76,7 +75,7 @@ class Handler:
                 return output.add_stream_content(self._stream(job), output_formatter=None)
             body = self._complete([job])[0]
             if job.error is not None:
-                return output.error(job.error.message, code=job.error.code, message=_reason(job.error.code))
+                return output.error(job.error.message, code=job.error.code, message=reason_phrase(job.error.code))
             return output.add_property("content-type", job.content_type).add(body)
         jobs: list[Job | HandlerError] = []
         for item in items:
@@ -131,11 +130,4 @@ class Handler:
         message = str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
         if not self.initialized:
             message = f"model failed to load: {message}"
-        return djl.new_output().error(message, code=code, message=_reason(code))
-
-
-def _reason(code: int) -> str:
-    try:
-        return HTTPStatus(code).phrase
-    except ValueError:
-        return "error"
+        return djl.new_output().error(message, code=code, message=reason_phrase(code))

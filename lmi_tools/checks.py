@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_handlers.config import check_unknown_keys
+from lmi_handlers.config import FALSE_WORDS, TRUE_WORDS, check_unknown_keys
 
 from .entry_point import resolve
 from .fit import fit_checks
-from .target import FALSE, TRUE, Finding, Target, backend_option_keys, flag, quiet
+from .target import Finding, Target, backend_option_keys, flag, quiet
 
 # Model types transformers-neuronx has a model class for (NeuronAutoModelForCausalLM, tnx 0.11).
 NEURONX_MODEL_TYPES = ("llama", "code_llama", "mistral", "mixtral", "opt", "gpt2", "gptj", "gpt_neox", "bloom")
@@ -79,7 +79,7 @@ def check_keys(target: Target) -> list[Finding]:
     findings = [Finding("warning", "options", message, "remove it or fix its name") for message in unknown]
     for key in BOOLEAN_KEYS:
         value = target.props.get(key)
-        if value is not None and value.strip().lower() not in TRUE + FALSE:
+        if value is not None and value.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
             findings.append(Finding("error", "options", f"option.{key}={value} is not a boolean",
                                     f"use option.{key}=true or false"))
     for key, value in sorted(target.props.items()):

@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Mapping
 
-from lmi_handlers.config import NEURONX_KEYS, HandlerConfig
+from lmi_handlers.config import NEURONX_KEYS, TRUE_WORDS, HandlerConfig
 
 from .architecture import Architecture
 from .instances import Instance
 
 LEVELS = ("error", "warning", "info", "ok")
-TRUE, FALSE = ("true", "1", "yes"), ("false", "0", "no")
 
 
 @dataclass(frozen=True)
@@ -65,7 +64,7 @@ def backend_option_keys(backend: str) -> frozenset[str]:
 
 def flag(props: Mapping[str, str], key: str) -> bool:
     """A boolean option as the runtime parses it; unparsable values count as false (check_keys reports them)."""
-    return str(props.get(key, "")).strip().lower() in TRUE
+    return str(props.get(key, "")).strip().lower() in TRUE_WORDS
 
 
 @contextmanager

@@ -19,8 +19,6 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .records import RequestRecord
-from .wire import Framing, LineSplitter, SseDecoder, framing_for
 
 
 class Api(str, enum.Enum):

@@ -8,7 +8,7 @@ import math
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Coroutine, Protocol
+from typing import Any, Callable, Protocol
 
 from .apis import IGNORE_EOS, Api, RequestShape, build_body
 from .clients import HttpClient, SageMakerClient

@@ -256,8 +256,7 @@ class ServedModel:
                 if not job.cancelled:
                     job.emit(Chunk(chunk))
         except StreamBroken as exc:
-            job.emit(Chunk(json.dumps({"code": 424, "error": str(exc)}).encode() + b"\n"))
-            job.emit(End(str(exc)))
+            job.fail(424, str(exc))
             return
         except WorkerDied as exc:
             job.fail(503, f"model {self.name}: {exc}")
@@ -299,13 +298,11 @@ class ServedModel:
         job: PendingRequest = item.request.key
         if item.code is not None:
             # Java sets this status if nothing was sent yet, and appends the error as the last chunk.
-            error = json.dumps({"code": item.code, "error": item.error}).encode()
             if not job.started:
                 job.emit(Start(item.code, {"content-type": "application/json"}))
-                job.emit(Chunk(error, final=True))
+                job.emit(Chunk(json.dumps({"code": item.code, "error": item.error}).encode(), final=True))
             else:
-                job.emit(Chunk(error))
-                job.emit(End(item.error))
+                job.fail(item.code, item.error or "")
             return
         if not job.started and (item.data or item.last):
             job.emit(Start(200, dict(item.headers)))

@@ -7,7 +7,6 @@ import json
 import pytest
 
 from lmi_handlers.handler import Handler
-from lmi_handlers.protocol import binary_decode
 from lmi_tools.djl_frontend import (RollingBatchLoop, RollingRequest, batch_input, init_input, request_input)
 
 JSON = [("Content-Type", "application/json")]

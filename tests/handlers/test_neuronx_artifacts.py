@@ -9,7 +9,7 @@ import pytest
 from lmi_handlers.backends.neuronx_artifacts import MANIFEST
 from lmi_handlers.handler import Handler
 from lmi_tools.djl_frontend import init_input
-from .neuronx_support import PROMPTS, ask, load, neuronx_standin, reference, tiny_arch  # noqa: F401
+from .neuronx_support import PROMPTS, ask, load
 
 
 def graphs_compiled(tnx) -> int:

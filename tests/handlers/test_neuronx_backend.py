@@ -10,8 +10,7 @@ from __future__ import annotations
 import pytest
 
 from lmi_tools.tiny_model import ARCHITECTURES
-from .neuronx_support import (PROMPTS, ask, ask_batch, ask_stream, load, neuronx_standin,  # noqa: F401
-                                   reference, run_rolling, tiny_arch)
+from .neuronx_support import PROMPTS, ask, ask_batch, ask_stream, load, run_rolling
 
 UNMASKED = ("gptj", "gpt_neox")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from .neuronx_support import neuronx_standin, reference, tiny_arch  # noqa: F401
 
 
 def build(tnx, model_dir, cls="NeuronAutoModelForCausalLM", **kwargs):
