@@ -64,11 +64,13 @@ def test_openai_chat_on_lmi_serve(server, tmp_path):
 @pytest.mark.parametrize("path, message", [("/predictions/scripted", "scripted failure at token 3"),
                                            ("/endpoints/scripted/invocations-response-stream", "ModelStreamError")])
 def test_failures_mid_stream_are_errors_not_results(server, tmp_path, path, message):
-    report, logs = bench(tmp_path, server.url + path, "-c", "2", "-n", "4", "--prompt", "go [[fail@3]]",
+    # One client: a failing step fails every sequence in it, so a neighbour admitted in that very step would
+    # fail before its first byte (a 424, not a mid-stream error) - correct, but not what this test checks.
+    report, logs = bench(tmp_path, server.url + path, "-c", "1", "-n", "4", "--prompt", "go [[fail@3]]",
                          "--warmup", "0", exit_code=1)  # reports are written, and the exit code says it failed
     summary = report["runs"][0]["summary"]
     assert summary["requests"]["errors"] == 4 and summary["requests"]["error_rate"] == 1.0
-    assert all(message in r["error"] for r in logs[2])
+    assert all(message in r["error"] for r in logs[1])
     assert summary["latency_s"]["end_to_end"] is None and summary["requests_per_minute"] == 0
 
 
