@@ -19,8 +19,8 @@ import boto3
 import httpx
 import pytest
 
-from lmi_tools.artifact import unpack
-from lmi_tools.package import build
+from lmi_tools.packaging.artifact import unpack
+from lmi_tools.packaging.package import build
 from lmi_tools.sagemaker import deploy as deploy_lib
 from lmi_tools.sagemaker import invoke as invoke_lib
 from lmi_tools.sagemaker.delete import delete, plan_teardown

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from ..properties import init_properties, parse_properties, read_text, with_environment
-from .model import ModelSettings, ServedModel
-from .worker import WorkerSettings
+from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
+from .dispatcher import ModelSettings, ServedModel
+from .worker.client import WorkerSettings
 
 def model_properties(model_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The init properties DJLServing sends for this model directory (options stripped of ``option.``)."""

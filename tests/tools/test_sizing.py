@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from lmi_tools.architecture import read_architecture
-from lmi_tools.sizing import (
+from lmi_tools.models.architecture import read_architecture
+from lmi_tools.validation.sizing import (
     GIB, _replicated_kv_heads, footprint, kv_bytes_per_token, neuron_head_layout, padding_parameters,
 )
 

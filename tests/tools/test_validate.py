@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from lmi_tools.errors import UsageError
-from lmi_tools.render import write_model_dir
-from lmi_tools.resources import preset_names, preset_spec
-from lmi_tools.spec import load_spec
-from lmi_tools.validate import validate_model_dir
+from lmi_tools.modeldir.render import write_model_dir
+from lmi_tools.modeldir.resources import preset_names, preset_spec
+from lmi_tools.modeldir.spec import load_spec
+from lmi_tools.validation.validate import validate_model_dir
 
 from .model_shapes import LLAMA_2_7B, LLAMA_2_13B
 

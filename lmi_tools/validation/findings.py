@@ -10,8 +10,8 @@ from typing import Iterator, Mapping
 
 from lmi_handlers.config import NEURONX_KEYS, TRUE_WORDS, HandlerConfig
 
-from .architecture import Architecture
-from .instances import Instance
+from ..models.architecture import Architecture
+from ..instances import Instance
 
 LEVELS = ("error", "warning", "info", "ok")
 

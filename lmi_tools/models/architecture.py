@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .errors import UsageError
+from ..errors import UsageError
 
 # model_type -> the family whose layout (and parameter formula) it shares.
 FAMILIES = {

@@ -7,7 +7,7 @@ the handler, write the ``Output`` (streamed chunk by chunk when the handler stre
 as in DJL's sync engine: ``None`` -> 204, an exception -> 424 with its text, an out-of-memory error
 -> 507, anything that is not an ``Output`` -> 424 "Invalid output type".
 
-It imports only the standard library and ``lmi_handlers``.
+It imports only the standard library, ``lmi_handlers`` and the wire codec (no web framework: it starts fast).
 """
 
 from __future__ import annotations
@@ -23,7 +23,9 @@ from types import ModuleType
 from typing import Any
 
 from lmi_handlers.errors import is_out_of_memory
-from lmi_handlers.protocol import Output, iter_output_frames, read_input
+from lmi_handlers.protocol import Output
+
+from .codec import iter_output_frames, read_input
 
 STARTED = "Python engine started."
 DEFAULT_ENTRY_POINT = "lmi_handlers.entrypoint"

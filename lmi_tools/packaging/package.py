@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .credentials import credential_reason
-from .errors import ToolError, UsageError
+from ..errors import ToolError, UsageError
 
 RUNTIME_PACKAGE = "lmi_handlers"
 EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache",
@@ -208,8 +208,8 @@ def build(model_dir: Path, output: Path | None, tree: Path | None, validate: boo
 
 
 def _validated(model_dir: Path, instance: str | None, config: Path | None) -> list[str]:
-    from .errors import ValidationFailed
-    from .validate import validate_model_dir
+    from ..errors import ValidationFailed
+    from ..validation.validate import validate_model_dir
 
     report = validate_model_dir(model_dir, instance, config)
     if not report.ok:

@@ -21,7 +21,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from .errors import UsageError
+from ..errors import UsageError
 
 OPTION_PREFIX = "option."
 DIRECTIVE = re.compile(r"^\s*#\s*lmi:\s*([A-Za-z0-9_.-]+)\s*=\s*(.*?)\s*$")

@@ -14,11 +14,11 @@ import jinja2
 
 from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 
-from .errors import ToolError, UsageError
+from ..errors import ToolError, UsageError
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec
-from .target import backend_option_keys, quiet
+from ..validation.findings import backend_option_keys, quiet
 
 # Rendered file -> template.
 OUTPUTS = {"serving.properties": "serving.properties.j2", "model.py": "model.py.j2",

@@ -14,14 +14,14 @@ from typing import Any
 
 from lmi_handlers.config import ConfigError, HandlerConfig
 
-from .architecture import load_config, read_architecture
+from ..models.architecture import load_config, read_architecture
 from .checks import run_checks
-from .errors import UsageError
+from ..errors import UsageError
 from .fit import figures
-from .instances import lookup
-from .properties import init_properties, parse_directives, parse_properties, read_text
-from .resources import known_model_config
-from .target import Finding, Target, flag, quiet
+from ..instances import lookup
+from ..modeldir.properties import init_properties, parse_directives, parse_properties, read_text
+from ..modeldir.resources import known_model_config
+from .findings import Finding, Target, flag, quiet
 
 
 @dataclass

@@ -13,7 +13,7 @@ from lmi_handlers.config import FALSE_WORDS, TRUE_WORDS, check_unknown_keys
 
 from .entry_point import resolve
 from .fit import fit_checks
-from .target import Finding, Target, backend_option_keys, flag, quiet
+from .findings import Finding, Target, backend_option_keys, flag, quiet
 
 # Model types transformers-neuronx has a model class for (NeuronAutoModelForCausalLM, tnx 0.11).
 NEURONX_MODEL_TYPES = ("llama", "code_llama", "mistral", "mixtral", "opt", "gpt2", "gptj", "gpt_neox", "bloom")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-from .errors import ToolError, UsageError
+from ..errors import ToolError, UsageError
 
 TEMPLATES = "model_templates"
 PRESETS = "serving_properties"
@@ -24,7 +24,7 @@ def resource_dir(name: str) -> Path:
     packaged = Path(str(files("lmi_tools") / name))
     if packaged.is_dir():
         return packaged
-    checkout = Path(__file__).resolve().parent.parent / name
+    checkout = Path(__file__).resolve().parents[2] / name
     if checkout.is_dir():
         return checkout
     raise ToolError(f"the {name} data folder is missing from this installation of lmi_tools",

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from .errors import UsageError, ValidationFailed
-from .instances import INSTANCES, Instance, lookup
+from ..errors import UsageError, ValidationFailed
+from ..instances import INSTANCES, Instance, lookup
 
 IMAGES = {"neuron": "lmi-handlers:neuronx", "gpu": "lmi-handlers:gpu"}
 STOCK_IMAGES = {"neuron": "deepjavalibrary/djl-serving:0.29.0-pytorch-inf2", "gpu": "deepjavalibrary/djl-serving:0.29.0-lmi"}

@@ -19,11 +19,11 @@ from pathlib import Path, PurePosixPath
 from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 
 from .credentials import reason_from_content, reason_from_name, should_scan
-from .entry_point import EntryPoint, resolve
-from .errors import UsageError
+from ..validation.entry_point import EntryPoint, resolve
+from ..errors import UsageError
 from .package import sha256_of
-from .properties import init_properties, parse_properties
-from .target import backend_option_keys, quiet
+from ..modeldir.properties import init_properties, parse_properties
+from ..validation.findings import backend_option_keys, quiet
 
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 

@@ -18,8 +18,10 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
-from lmi_handlers.protocol import Input, PairList, binary_decode
+from lmi_handlers.protocol import Input, PairList
 from lmi_handlers.rolling import CANCEL_PROPERTY
+
+from .codec import binary_decode
 
 CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 

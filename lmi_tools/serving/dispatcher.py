@@ -27,10 +27,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from lmi_handlers.protocol import Input, OutputHeader, StreamBroken
-from lmi_tools.djl_frontend import RollingBatchLoop, RollingRequest, StepItem, batch_input
+from lmi_handlers.protocol import Input
 
-from .worker import LoadFailed, Worker, WorkerDied, WorkerSettings
+from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
+from .worker.codec import OutputHeader, StreamBroken
+from .worker.frontend import RollingBatchLoop, RollingRequest, StepItem, batch_input
 
 logger = logging.getLogger("lmi.model")
 BATCH_KEY = re.compile(r"batch_(\d+)\.(.*)")

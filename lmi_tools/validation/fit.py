@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .instances import INSTANCES, Instance
+from ..instances import INSTANCES, Instance
 from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
-from .target import Finding, Target, flag
+from .findings import Finding, Target, flag
 
 HEADROOM = 0.10
 WARN_FRACTION = 0.80

@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
 
-from .errors import UsageError
-from .instances import INSTANCES, lookup
-from .target import backend_option_keys
+from ..errors import UsageError
+from ..instances import INSTANCES, lookup
+from ..validation.findings import backend_option_keys
 
 if sys.version_info >= (3, 11):
     import tomllib

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Iterator
 
 import lmi_handlers
-from lmi_handlers.protocol import (Input, OutputHeader, StreamBroken, encode_input, read_output_header,
-                                   read_stream_chunks)
+from lmi_handlers.protocol import Input
 
-from ..djl_frontend import init_input
-from .worker_process import STARTED
+from .codec import OutputHeader, StreamBroken, encode_input, read_output_header, read_stream_chunks
+from .frontend import init_input
+from .process import STARTED
 
 logger = logging.getLogger("lmi.worker")
 STARTUP_TIMEOUT = 120.0
@@ -61,7 +61,7 @@ class WorkerSettings:
 def _engine_command(settings: WorkerSettings, sock: str) -> list[str]:
     use_djl = settings.engine == "djl" or (
         settings.engine == "auto" and importlib.util.find_spec("djl_python_engine") is not None)
-    module = "djl_python_engine" if use_djl else "lmi_tools.serving.worker_process"
+    module = "djl_python_engine" if use_djl else "lmi_tools.serving.worker.process"
     return [sys.executable, "-m", module, "--sock-type", "unix", "--sock-name", sock, "--model-dir",
             str(settings.model_dir), "--entry-point", settings.entry_point, "--device-id", "-1"]
 
