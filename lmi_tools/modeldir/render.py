@@ -12,13 +12,13 @@ from pathlib import Path
 
 import jinja2
 
-from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
+from ..validation.runtime import handler_config, ignored_options
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec
-from ..validation.findings import backend_option_keys, quiet
 
 # Rendered file -> template.
 OUTPUTS = {"serving.properties": "serving.properties.j2", "model.py": "model.py.j2",
@@ -57,14 +57,11 @@ def render_files(spec: DeploySpec, source: str) -> dict[str, str]:
 def parse_rendered(text: str, model_dir: Path) -> HandlerConfig:
     """The rendered properties as the handler will parse them; unknown keys are an error here."""
     props = init_properties(parse_properties(text))
-    if props.get("model_id", "").startswith("s3://"):
-        props["model_id"] = str(model_dir)  # DJLServing hands the handler the downloaded directory
     try:
-        config = HandlerConfig.from_properties({**props, "model_dir": str(model_dir)})
+        config = handler_config(props, str(model_dir))
     except ConfigError as exc:
         raise ToolError(f"the rendered serving.properties would not load: {exc}") from None
-    with quiet("lmi_handlers.config"):
-        unknown = check_unknown_keys(props, backend_option_keys(config.backend))
+    unknown = ignored_options(props, config.backend)
     if unknown:
         raise ToolError(f"the rendered serving.properties has options the runtime ignores: {'; '.join(unknown)}")
     return config

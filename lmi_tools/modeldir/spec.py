@@ -20,7 +20,7 @@ from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
 
 from ..errors import UsageError
 from ..instances import INSTANCES, lookup
-from ..validation.findings import backend_option_keys
+from ..validation.runtime import backend_option_keys
 
 if sys.version_info >= (3, 11):
     import tomllib

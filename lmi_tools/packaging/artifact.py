@@ -16,14 +16,14 @@ import tarfile
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
-from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import ConfigError
 
-from .credentials import reason_from_content, reason_from_name, should_scan
-from ..validation.entry_point import EntryPoint, resolve
 from ..errors import UsageError
-from .package import sha256_of
 from ..modeldir.properties import init_properties, parse_properties
-from ..validation.findings import backend_option_keys, quiet
+from ..validation.entry_point import EntryPoint, resolve
+from ..validation.runtime import handler_config, ignored_options
+from .credentials import reason_from_content, reason_from_name, should_scan
+from .package import sha256_of
 
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 
@@ -116,9 +116,8 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
         return
     props = init_properties(parse_properties(read("serving.properties")))
     try:
-        with quiet("lmi_handlers.config"):
-            config = HandlerConfig.from_properties({**props, "model_dir": CONTAINER_MODEL_DIR})
-            unknown = check_unknown_keys(props, backend_option_keys(config.backend))
+        config = handler_config(props, CONTAINER_MODEL_DIR)
+        unknown = ignored_options(props, config.backend)
     except ConfigError as exc:
         report.problems.append(f"serving.properties: {exc}")
         return

@@ -22,8 +22,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .credentials import credential_reason
 from ..errors import ToolError, UsageError
+from .credentials import credential_reason
 
 RUNTIME_PACKAGE = "lmi_handlers"
 EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache",

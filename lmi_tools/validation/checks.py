@@ -1,29 +1,27 @@
 """The configuration checks of ``lmi validate`` (hardware fit lives in ``fit.py``).
 
-Each check takes the resolved ``Target`` and returns findings. Sources for every rule:
-``reference/neuron.md`` §3 (Neuron rules), ``reference/djl-contract.md`` §1.2-1.5 and §7 (entry
-point, rolling batch, keys); see ``docs/configuration.md``.
+Each check takes the resolved ``Target`` and returns findings. What the runtime itself refuses or warns
+about comes from the runtime (``runtime.py``); the rules here are the ones no runtime code holds:
+DJLServing's (``reference/djl-contract.md`` §1.2-1.5 and §7: entry point, rolling batch, keys), the
+instance's, and transformers-neuronx's accuracy notes (``reference/neuron.md`` §3); see
+``docs/configuration.md``.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_handlers.config import FALSE_WORDS, TRUE_WORDS, check_unknown_keys
+from lmi_handlers.config import ConfigError, parse_bool
 
 from .entry_point import resolve
-from .fit import fit_checks
-from .findings import Finding, Target, backend_option_keys, flag, quiet
+from .findings import Finding, Target, flag
+from .fit import alternatives, fit_checks
+from .runtime import ignored_options
 
-# Model types transformers-neuronx has a model class for (NeuronAutoModelForCausalLM, tnx 0.11).
-NEURONX_MODEL_TYPES = ("llama", "code_llama", "mistral", "mixtral", "opt", "gpt2", "gptj", "gpt_neox", "bloom")
-# transformers-neuronx continuous batching exists for these only (reference neuron.md §1.10).
-CONTINUOUS_BATCHING_TYPES = ("llama", "code_llama", "mistral")
+# Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
+UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
 # Known accuracy issues of transformers-neuronx with 16-bit weights (release notes, neuron.md §1.11):
 # (model_type, hidden_size, layers) -> compiler options to add.
-# Boolean options of the neuronx backend and the server that HandlerConfig does not parse itself.
-BOOLEAN_KEYS = ("load_in_8bit", "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv",
-                "low_cpu_mem_usage", "parallel_loading")
 ACCURACY_FLAGS = {
     ("llama", 5120, 40): ("enable_saturate_infinity", "enable_mixed_precision_accumulation"),  # Llama-2-13B
     ("llama", 8192, 80): ("enable_mixed_precision_accumulation",),  # Llama-2-70B
@@ -41,8 +39,12 @@ def run_checks(target: Target) -> list[Finding]:
         findings.append(Finding("info", "hardware", "scripted backend: no weights, so the hardware checks are "
                                                     "skipped"))
         return findings
+    if target.refusal is not None:
+        return findings + [refused(target, target.refusal)]
     if any(f.level == "error" for f in backend) or target.arch is None:
         return findings
+    if target.plan is not None:
+        findings.extend(Finding("warning", "neuronx", message) for message in target.plan.warnings)
     findings.extend(check_positions(target))
     findings.extend(check_batching(target))
     findings.extend(check_dtype(target))
@@ -74,14 +76,13 @@ def check_keys(target: Target) -> list[Finding]:
     backend = target.props.get("backend", "auto").strip().lower()
     if backend == "auto":
         backend = "neuronx" if target.instance.kind == "neuron" else "hf"
-    with quiet("lmi_handlers.config"):
-        unknown = check_unknown_keys(target.props, backend_option_keys(backend))
-    findings = [Finding("warning", "options", message, "remove it or fix its name") for message in unknown]
-    for key in BOOLEAN_KEYS:
-        value = target.props.get(key)
-        if value is not None and value.strip().lower() not in TRUE_WORDS + FALSE_WORDS:
-            findings.append(Finding("error", "options", f"option.{key}={value} is not a boolean",
-                                    f"use option.{key}=true or false"))
+    findings = [Finding("warning", "options", message, "remove it or fix its name")
+                for message in ignored_options(target.props, backend)]
+    for key in UNPARSED_BOOLEANS:
+        try:
+            parse_bool(target.props, key, False)
+        except ConfigError as exc:
+            findings.append(Finding("error", "options", str(exc), f"use option.{key}=true or false"))
     for key, value in sorted(target.props.items()):
         if value != value.rstrip():
             findings.append(Finding("warning", "options", f"{key} ends in whitespace, which DJLServing keeps as "
@@ -117,59 +118,40 @@ def check_backend(target: Target) -> list[Finding]:
     arch = target.arch
     if arch is None:
         return []
-    if backend == "neuronx" and arch.model_type not in NEURONX_MODEL_TYPES:
-        return [Finding("error", "backend", f"transformers-neuronx has no model class for model_type "
-                        f"{arch.model_type!r}", f"supported: {', '.join(NEURONX_MODEL_TYPES)}; or serve it on a "
-                        "GPU instance with the hf backend")]
     if arch.estimated:
         return [Finding("warning", "backend", f"model_type {arch.model_type!r} is not one lmi knows: sized as a "
                         "Llama-style decoder, so the figures are estimates")]
     return [Finding("ok", "backend", f"{backend} on {target.instance.name} for {arch.model_type}")]
 
 
+def refused(target: Target, exc: ConfigError) -> Finding:
+    """The neuronx backend's planner refuses these settings: the model would not load."""
+    hint = alternatives(target) if exc.key == "tensor_parallel_degree" else \
+        "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx_options.py)"
+    return Finding("error", "neuronx", str(exc), hint)
+
+
 def check_positions(target: Target) -> list[Finding]:
-    arch, key, positions = target.arch, _positions_key(target), target.positions
-    assert arch is not None
-    findings = []
-    raw = target.props.get(key)
-    if raw is not None and not target.positions_set:
-        return [Finding("error", "sequence length", f"option.{key}={raw} is not a positive integer",
-                        f"e.g. option.{key}=4096")]
-    if not target.positions_set:
-        findings.append(Finding("warning" if target.backend == "neuronx" else "info", "sequence length",
-                                f"option.{key} is not set: memory below assumes the model's {arch.max_positions} "
-                                "positions", f"set option.{key} to the longest prompt + output you serve"))
-    elif positions > arch.max_positions:
-        learned = arch.positions == "learned"
-        findings.append(Finding(
-            "error" if learned else "warning", "sequence length",
-            f"option.{key}={positions} is beyond the model's {arch.max_positions} positions"
-            + (f": {arch.model_type} has a learned table of {arch.max_positions} positions" if learned
-               else " (quality degrades past the trained context)"),
-            f"use option.{key} <= {arch.max_positions}"))
-    else:
-        findings.append(Finding("ok", "sequence length", f"option.{key}={positions} <= {arch.max_positions}"))
-    findings.extend(_context_buckets(target))
-    return findings
-
-
-def _positions_key(target: Target) -> str:
-    return "n_positions" if target.backend == "neuronx" else "max_model_len"
-
-
-def _context_buckets(target: Target) -> list[Finding]:
-    text = target.props.get("context_length_estimate", "").strip()
-    if target.backend != "neuronx" or not text:
-        return []
-    parts = [p.strip() for p in text.split(",")]
-    if not all(p.isdigit() and int(p) > 0 for p in parts):
-        return [Finding("error", "sequence length", f"option.context_length_estimate={text} is not a comma-"
-                        "separated list of positive integers", "e.g. option.context_length_estimate=256,512")]
-    too_long = [int(p) for p in parts if int(p) > target.positions]
-    if too_long:
-        return [Finding("error", "sequence length", f"context buckets {too_long} exceed n_positions="
-                        f"{target.positions}; transformers-neuronx rejects that", "keep every bucket <= n_positions")]
-    return []
+    arch, positions = target.arch, target.positions
+    assert arch is not None and target.config is not None
+    if target.backend == "neuronx":
+        if not target.positions_set:
+            return [Finding("warning", "sequence length", f"option.n_positions is not set: the neuronx backend "
+                            f"compiles for {positions} positions (the model has {arch.max_positions})",
+                            "set option.n_positions to the longest prompt + output you serve")]
+        if positions > arch.max_positions:
+            return []  # the planner's own warning or refusal says it
+        return [Finding("ok", "sequence length", f"option.n_positions={positions} <= {arch.max_positions}")]
+    wanted = target.config.max_model_len
+    if wanted is None:
+        return [Finding("info", "sequence length", f"option.max_model_len is not set: memory below assumes the "
+                        f"model's {arch.max_positions} positions", "set option.max_model_len to the longest prompt "
+                        "+ output you serve")]
+    if wanted > arch.max_positions:
+        return [Finding("warning", "sequence length", f"option.max_model_len={wanted} is beyond the model's "
+                        f"{arch.max_positions} positions: the hf backend caps it there",
+                        f"use option.max_model_len <= {arch.max_positions}")]
+    return [Finding("ok", "sequence length", f"option.max_model_len={wanted} <= {arch.max_positions}")]
 
 
 def check_batching(target: Target) -> list[Finding]:
@@ -189,10 +171,11 @@ def check_batching(target: Target) -> list[Finding]:
     if config.rolling:
         findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
                                 "sequences per step"))
-        if target.backend == "neuronx" and arch.model_type not in CONTINUOUS_BATCHING_TYPES:
-            findings.append(Finding("warning", "batching", f"transformers-neuronx has continuous batching for "
-                                    f"llama and mistral only, not {arch.model_type}: sequences cannot join a "
-                                    "running batch cheaply", "use batch_size (dynamic batching) for this model"))
+        if target.plan is not None and target.plan.batch_size > 1 and not target.plan.continuous_batching:
+            findings.append(Finding("warning", "batching", f"the neuronx backend runs {arch.model_type} without "
+                                    "continuous batching (transformers-neuronx has it for few architectures): "
+                                    "sequences cannot join a running batch cheaply",
+                                    "use batch_size (dynamic batching) for this model"))
     else:
         delay = target.props.get("max_batch_delay", "100")
         findings.append(Finding("ok", "batching", f"dynamic batching: up to {config.batch_size} requests per call "
@@ -212,9 +195,6 @@ def check_dtype(target: Target) -> list[Finding]:
     elif target.backend == "hf" and ("quantize" in props or flag(props, "load_in_8bit")):
         findings.append(Finding("warning", "dtype", "quantize / load_in_8bit are neuronx options; the hf backend "
                                 f"loads {dtype} weights", "remove them, or size the model for 16-bit weights"))
-    elif props.get("quantize", "").strip() and props["quantize"].strip().lower() != "static_int8":
-        findings.append(Finding("error", "dtype", f"option.quantize={props['quantize']} is not supported",
-                                "use option.quantize=static_int8 (int8 weights)"))
     else:
         findings.append(Finding("ok", "dtype", detail))
     if dtype == "fp16" and stored == "bf16":
@@ -231,9 +211,6 @@ def check_dtype(target: Target) -> list[Finding]:
 def _neuron_accuracy(target: Target) -> list[Finding]:
     arch = target.arch
     assert arch is not None
-    if arch.model_type == "gpt_neox" and target.dtype != "fp32":
-        return [Finding("warning", "dtype", "transformers-neuronx advises fp32 for GPT-NeoX (16-bit is "
-                        "numerically sensitive)", "set option.dtype=fp32")]
     flags = ACCURACY_FLAGS.get((arch.model_type, arch.hidden_size, arch.layers), ())
     missing = [f for f in flags if not flag(target.props, f)]
     if missing:

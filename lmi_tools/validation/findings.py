@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Any, Mapping
 
-from lmi_handlers.config import NEURONX_KEYS, TRUE_WORDS, HandlerConfig
+from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
 
-from ..models.architecture import Architecture
 from ..instances import Instance
+from ..models.architecture import Architecture
 
 LEVELS = ("error", "warning", "info", "ok")
 
@@ -37,9 +36,15 @@ class Target:
     config: HandlerConfig | None = None
     arch: Architecture | None = None
     arch_source: str = ""
+    #: The model's ``config.json``, as the runtime's planner reads it.
+    model_config: dict[str, Any] | None = None
     #: hf, neuronx or scripted (``auto`` resolved for the instance).
     backend: str = "hf"
     tp: int = 1
+    #: The neuronx backend's compile plan at ``tp`` (None: another backend, or the runtime refused).
+    plan: CompileSettings | None = None
+    #: Why the runtime would refuse to load (the neuronx planner's ``ConfigError``).
+    refusal: ConfigError | None = None
     #: The dtype the weights and KV cache will have (``auto`` resolved).
     dtype: str = "fp16"
     int8: bool = False
@@ -51,29 +56,9 @@ class Target:
     non_ascii: bool = False
 
 
-def backend_option_keys(backend: str) -> frozenset[str]:
-    """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
-    if backend == "neuronx":
-        return NEURONX_KEYS
-    if backend == "scripted":
-        from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
-
-        return frozenset(ScriptedBackend.option_keys)
-    return frozenset()
-
-
 def flag(props: Mapping[str, str], key: str) -> bool:
-    """A boolean option as the runtime parses it; unparsable values count as false (check_keys reports them)."""
-    return str(props.get(key, "")).strip().lower() in TRUE_WORDS
-
-
-@contextmanager
-def quiet(logger_name: str) -> Iterator[None]:
-    """Silence a runtime logger whose warnings we report as findings instead."""
-    logger = logging.getLogger(logger_name)
-    previous, logger.disabled = logger.disabled, True
+    """A boolean option as the runtime parses it; an unparsable value counts as false (reported elsewhere)."""
     try:
-        yield
-    finally:
-        logger.disabled = previous
-
+        return parse_bool(props, key, False)
+    except ConfigError:
+        return False

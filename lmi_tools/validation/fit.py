@@ -1,5 +1,8 @@
 """Does the model fit the instance? TP degree, heads, accelerator memory, model copies, host RAM.
 
+A TP degree passes when the instance has it, the runtime's neuronx planner accepts it (GPT-J and
+GPT-NeoX cannot pad heads, for one) and the model fits the memory it leaves per core.
+
 Memory per NeuronCore (16 GiB) or GPU is weights plus the KV cache, both split over the TP degree,
 against the device memory less ``HEADROOM`` for compiled graphs (one per bucket), scratch and
 runtime buffers on Neuron, or the CUDA context and activations on GPUs. No source gives a margin;
@@ -11,9 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lmi_handlers.config import ConfigError
+
 from ..instances import INSTANCES, Instance
-from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
 from .findings import Finding, Target, flag
+from .runtime import neuronx_plan
+from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
 
 HEADROOM = 0.10
 WARN_FRACTION = 0.80
@@ -63,16 +69,7 @@ def check_heads(target: Target, tp: int) -> list[Finding]:
                                                  "so heads need not divide the TP degree" if tp > 1 else
                         f"{arch.heads} heads on one GPU")]
     layout = head_layout(target, tp)
-    if not layout.shardable:
-        return [Finding("error", "attention heads", f"{arch.model_type} has {arch.heads} attention heads and "
-                        f"its transformers-neuronx implementation cannot pad them, so TP must divide "
-                        f"{arch.heads}; {tp} does not")]
     findings = []
-    if layout.padded:
-        extra = 100 * (layout.padded_heads - arch.heads) / arch.heads
-        kv_note = " (and K/V heads with them: multi-head attention)" if not arch.gqa else ""
-        findings.append(Finding("warning", "attention heads", f"Q heads padded {arch.heads} -> {layout.padded_heads} "
-                                f"for TP {tp}{kv_note}: {extra:.0f}% more attention weights and compute"))
     if arch.gqa and layout.replicated:
         findings.append(Finding("warning", "attention heads", f"{arch.kv_heads} KV heads do not shard over TP {tp}: "
                                 f"replicated-heads copies them to {layout.effective_kv_heads}, so the KV cache is "
@@ -81,7 +78,7 @@ def check_heads(target: Target, tp: int) -> list[Finding]:
     if requested and arch.gqa and layout.gqa_mode != requested:
         findings.append(Finding("warning", "attention heads", f"group_query_attention={requested} does not apply "
                                 f"at TP {tp}; transformers-neuronx falls back to {layout.gqa_mode}"))
-    if not findings:
+    if not findings and not layout.padded:  # padded Q heads: the planner's own warning says so
         per_core = f"{layout.padded_heads // tp} Q / {max(layout.effective_kv_heads // tp, 1)} KV heads per core"
         findings.append(Finding("ok", "attention heads", f"{arch.heads} Q / {arch.kv_heads} KV heads over TP {tp}: "
                                 f"{per_core}"))
@@ -103,10 +100,24 @@ def check_memory(target: Target, tp: int) -> Finding:
     return Finding("ok", "memory", text)
 
 
+def planner_refusal(target: Target, tp: int) -> Finding | None:
+    """The neuronx planner's refusal of this TP degree, if it refuses it."""
+    if target.backend != "neuronx" or target.config is None or target.model_config is None:
+        return None
+    try:
+        neuronx_plan(target.config, target.model_config, tp)
+    except ConfigError as exc:
+        return Finding("error", "neuronx", str(exc))
+    return None
+
+
 def tp_findings(target: Target, tp: int) -> list[Finding]:
     findings = [check_tp(target, tp)]
     if findings[0].level == "error":
         return findings
+    refusal = planner_refusal(target, tp)
+    if refusal is not None:
+        return findings + [refusal]
     findings.extend(check_heads(target, tp))
     if not any(f.level == "error" for f in findings):
         findings.append(check_memory(target, tp))

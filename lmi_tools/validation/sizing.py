@@ -3,7 +3,8 @@
 Head padding follows transformers-neuronx (``utils.get_qkv_padding`` and
 ``decoder.check_gqa_fallback`` at tnx 0.13, reference ``neuron.md`` §3.2-3.3):
 
-* Q heads are padded up to a multiple of the TP degree (GPT-J and GPT-NeoX cannot pad at all);
+* Q heads are padded up to a multiple of the TP degree (GPT-J and GPT-NeoX cannot pad at all: the
+  runtime's planner refuses a TP degree that does not divide their heads);
 * multi-head models (KV heads == Q heads) pad K/V together with Q;
 * grouped-query models shard KV heads over the cores when ``kv_heads % tp == 0``; otherwise tnx
   falls back to ``replicated-heads`` and copies KV heads (to ``tp`` where it can, else up to the Q
@@ -18,13 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lmi_handlers.backends.neuronx_options import SERIAL_TYPES
+
 from ..models.architecture import Architecture
 
 GIB = 1024**3
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-# transformers-neuronx implementations that shard heads without padding them.
-NO_HEAD_PADDING = {"gptj", "gpt_neox"}
-GQA_MODES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
 
 
 @dataclass(frozen=True)
@@ -38,8 +38,6 @@ class HeadLayout:
     effective_kv_heads: int
     #: The GQA strategy in effect after tnx's fallbacks ("" for multi-head models).
     gqa_mode: str
-    #: False when the architecture cannot pad and ``heads % tp != 0``: tnx cannot shard it.
-    shardable: bool = True
 
     @property
     def padded(self) -> bool:
@@ -57,9 +55,8 @@ def round_up(value: int, multiple: int) -> int:
 def neuron_head_layout(arch: Architecture, tp: int, gqa: str | None = None,
                        batch_sizes: tuple[int, ...] = (1,)) -> HeadLayout:
     """Heads after transformers-neuronx pads and replicates them for ``tp`` cores."""
-    if arch.family in NO_HEAD_PADDING:
-        shardable = arch.heads % tp == 0
-        return HeadLayout(tp, arch.heads, arch.kv_heads, arch.heads, arch.kv_heads, "", shardable)
+    if arch.model_type in SERIAL_TYPES:  # no padding in their transformers-neuronx code
+        return HeadLayout(tp, arch.heads, arch.kv_heads, arch.heads, arch.kv_heads, "")
     padded = round_up(arch.heads, tp)
     if not arch.gqa:
         return HeadLayout(tp, arch.heads, arch.kv_heads, padded, padded, "")

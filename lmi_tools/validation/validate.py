@@ -1,9 +1,10 @@
 """``lmi validate``: check a model directory against its model and the instance before deploying it.
 
 ``validate_model_dir`` reads ``serving.properties`` (the way DJLServing does), the model's
-``config.json`` and the instance table, then runs the checks of ``checks.py`` and ``fit.py``. Each
-finding says what is wrong and what to use instead; errors block ``lmi package``. The rules and
-their sources are listed in ``docs/configuration.md``.
+``config.json`` and the instance table, asks the runtime's own configuration and planning code what it
+makes of them (``runtime.py``), then runs the checks of ``checks.py`` and ``fit.py``. Each finding says
+what is wrong and what to use instead; errors block ``lmi package``. The rules and their sources are
+listed in ``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -12,16 +13,20 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmi_handlers.config import ConfigError, HandlerConfig
+from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.config import ConfigError
 
-from ..models.architecture import load_config, read_architecture
-from .checks import run_checks
 from ..errors import UsageError
-from .fit import figures
 from ..instances import lookup
 from ..modeldir.properties import init_properties, parse_directives, parse_properties, read_text
 from ..modeldir.resources import known_model_config
-from .findings import Finding, Target, flag, quiet
+from ..models.architecture import load_config, read_architecture
+from .checks import run_checks
+from .findings import Finding, Target
+from .fit import figures
+from .runtime import handler_config, neuronx_plan
+
+AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
 
 @dataclass
@@ -86,7 +91,7 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
                     instance=lookup(name), non_ascii=not text.isascii())
     findings: list[Finding] = []
     try:
-        target.config = parse_config(target)
+        target.config = handler_config(target.props, str(target.model_dir))
     except ConfigError as exc:
         findings.append(Finding("error", "properties", str(exc),
                                 "fix this first: the handler would refuse to load with it"))
@@ -97,21 +102,10 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     return target, findings
 
 
-def parse_config(target: Target) -> HandlerConfig:
-    """``HandlerConfig`` as the handler will build it inside the container."""
-    props = dict(target.props)
-    props["model_dir"] = str(target.model_dir)
-    if props.get("model_id", "").startswith("s3://"):
-        # DJLServing downloads an s3:// model_id and hands the handler the local directory instead.
-        props["model_id"] = str(target.model_dir)
-    with quiet("lmi_handlers.config"):
-        return HandlerConfig.from_properties(props)
-
-
 def _load_architecture(target: Target, config_path: str | Path | None) -> list[Finding]:
     """``--config``, else option.model_id's directory, else the model directory, else a bundled config."""
     if config_path:
-        target.arch, target.arch_source = read_architecture(load_config(config_path)), str(config_path)
+        _read_architecture(target, Path(config_path), str(config_path))
         return []
     assert target.config is not None
     model_id = target.props.get("model_id", "")
@@ -120,36 +114,56 @@ def _load_architecture(target: Target, config_path: str | Path | None) -> list[F
     candidates.append(target.model_dir / "config.json")
     for path in candidates:
         if path.is_file():
-            target.arch, target.arch_source = read_architecture(load_config(path)), str(path)
+            _read_architecture(target, path, str(path))
             return []
     bundled = known_model_config(model_id) if model_id and not local.is_dir() else None
     if bundled:
-        target.arch = read_architecture(load_config(bundled))
-        target.arch_source = f"the bundled reference config of {model_id}"
+        _read_architecture(target, bundled, f"the bundled reference config of {model_id}")
         return []
     where = "model_id is a hub id we ship no config for" if model_id else "the model directory has no config.json"
     return [Finding("error", "architecture", f"cannot find the model's config.json ({where}), so heads, memory "
                     "and positions cannot be checked", "pass --config PATH/TO/config.json")]
 
 
+def _read_architecture(target: Target, path: Path, source: str) -> None:
+    target.model_config = load_config(path)
+    target.arch, target.arch_source = read_architecture(target.model_config), source
+
+
 def resolve_settings(target: Target) -> None:
-    """Backend, TP, dtype, batch and sequence length as they will be in effect."""
+    """Backend, TP, dtype, batch and sequence length as they will be in effect: on Neuron, the runtime's plan."""
     config, arch, instance = target.config, target.arch, target.instance
     assert config is not None
     target.backend = config.backend if config.backend != "auto" else (
         "neuronx" if instance.kind == "neuron" else "hf")
     target.tp = config.tensor_parallel_degree or instance.cores
+    if target.backend == "neuronx" and target.model_config is not None:
+        try:
+            target.plan = neuronx_plan(config, target.model_config, target.tp)
+        except ConfigError as exc:
+            target.refusal = exc
+        plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
+        if plan is None:
+            return
+        target.dtype, target.int8, target.batch = AMP_DTYPES[plan.amp], "quant" in plan.neuron_config, plan.batch_size
+        target.positions, target.positions_set = plan.n_positions, bool(target.props.get("n_positions", "").strip())
+        return
     if config.dtype != "auto":
         target.dtype = config.dtype
     elif arch and arch.checkpoint_dtype in ("fp16", "bf16"):
         target.dtype = arch.checkpoint_dtype
-    target.int8 = target.backend == "neuronx" and (
-        target.props.get("quantize", "").strip().lower() == "static_int8" or flag(target.props, "load_in_8bit"))
     target.batch = config.max_rolling_batch_size if config.rolling else config.batch_size
-    key = "n_positions" if target.backend == "neuronx" else "max_model_len"
-    value = target.props.get(key, "").strip()
-    target.positions_set = value.isdigit() and int(value) > 0
-    if target.positions_set:
-        target.positions = int(value)
-    elif arch:
-        target.positions = arch.max_positions
+    target.positions_set = config.max_model_len is not None
+    if arch:  # the hf backend caps max_model_len at what the model supports
+        target.positions = min(config.max_model_len or arch.max_positions, arch.max_positions)
+
+
+def _any_plan(target: Target) -> CompileSettings | None:
+    """A plan at any TP degree of the instance: batch, positions and amp do not depend on it."""
+    assert target.config is not None and target.model_config is not None
+    for tp in target.instance.tp_degrees:
+        try:
+            return neuronx_plan(target.config, target.model_config, tp)
+        except ConfigError:
+            continue
+    return None

@@ -76,3 +76,14 @@ def test_backend_keys_are_known():
 def test_callables_from_the_engine_are_ignored(tmp_path):
     config = HandlerConfig.from_properties({"model_dir": str(tmp_path), "output_formatter": lambda x: x})
     assert config.output_formatter == ""
+
+
+def test_cuda_without_a_visible_device_is_a_config_error():
+    from types import SimpleNamespace
+
+    from lmi_handlers.backends.hf import resolve_device
+
+    no_gpu = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False))
+    with pytest.raises(ConfigError, match="option.device='cuda' is invalid: no CUDA device is visible"):
+        resolve_device(no_gpu, "cuda")
+    assert resolve_device(no_gpu, "auto") == "cpu"
