@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Callable, Mapping
 
 from ..errors import AwsError, UsageError
+from ..instances import HostingInstance
 from .aws import aws_errors
-from .hosting import HostingInstance, parse_any
 from .images import ImageChoice, resolve_image
 from .upload import S3Uri, list_keys
 
@@ -102,7 +102,7 @@ def plan_deployment(spec: DeploySpec) -> DeployPlan:
     if not (artifact.is_prefix or artifact.key.endswith(".tar.gz")):
         raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
                          hint="use s3://bucket/path/model.tar.gz, or s3://bucket/path/ for an uncompressed upload")
-    host = parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
+    host = HostingInstance.parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
     image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
     container: dict = {"Image": image.uri}
     if artifact.is_prefix:

@@ -133,7 +133,7 @@ def alternatives(target: Target) -> str:
     degrees = working_tp_degrees(target)
     if degrees:
         return f"TP degrees that fit on {target.instance.name}: {_join(degrees)}"
-    family = target.instance.name.split(".")[0]
+    family = target.instance.family
     options = []
     unpriced = float("inf")
     for other in sorted(INSTANCES.values(), key=lambda i: (i.cores, i.price_per_hour or unpriced)):
