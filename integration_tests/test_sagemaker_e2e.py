@@ -110,7 +110,7 @@ def test_library_end_to_end(moto_url, tiny_model_dir, serve, tmp_path):
     plain = invoke_lib.invoke(runtime, "tiny-lib", invoke_lib.request_body(PROMPT, PARAMETERS))
     tokens = invoke_lib.invoke_stream(runtime, "tiny-lib", invoke_lib.request_body(PROMPT, PARAMETERS, stream=True))
     pieces = list(tokens)
-    assert len(pieces) == 16 and plain.text == "".join(pieces) == tokens.last["generated_text"] == expected
+    assert len(pieces) == 16 and plain.text == "".join(pieces) == tokens.answer.text == expected
 
     delete(sm, s3, plan_teardown(sm, "tiny-lib", config=True, model=True, artifacts=True))
     assert_nothing_left(s3, sm)

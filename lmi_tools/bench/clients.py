@@ -17,9 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from .apis import Api
-from .records import RequestRecord
-from .responses import ResponseReader, complete
+from ..answers.messages import Api
+from ..answers.reader import AnswerReader, payload_parts
+from .records import RequestRecord, complete
 from .targets import Target
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
@@ -30,7 +30,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _closed(record: RequestRecord, reader: ResponseReader | None, end: float) -> RequestRecord:
+def _closed(record: RequestRecord, reader: AnswerReader | None, end: float) -> RequestRecord:
     """The record once its answer (if any) is read; a request that never got one keeps only its end time."""
     if reader is None:
         record.end = end
@@ -67,7 +67,7 @@ class HttpClient:
         try:
             async with self._session.post(self.target.url, data=body) as response:
                 record.status = response.status
-                reader = ResponseReader(self.target.api, response.headers.get("Content-Type"), response.status)
+                reader = AnswerReader(self.target.api, response.headers.get("Content-Type"), response.status)
                 async for chunk in response.content.iter_any():
                     reader.feed(chunk, clock() - origin)
         except asyncio.TimeoutError:
@@ -124,19 +124,17 @@ class SageMakerClient:
             record.error = _describe(exc)
         return _closed(record, reader, clock() - origin)
 
-    def _call(self, body: bytes, record: RequestRecord, clock, origin: float) -> ResponseReader:
+    def _call(self, body: bytes, record: RequestRecord, clock, origin: float) -> AnswerReader:
         args = {"EndpointName": self.target.endpoint_name, "Body": body, "ContentType": "application/json"}
         if not self.target.stream:
             response = self.client.invoke_endpoint(**args)
             record.status = 200
-            reader = ResponseReader(Api.SAGEMAKER, response.get("ContentType"), 200)
+            reader = AnswerReader(Api.SAGEMAKER, response.get("ContentType"), 200)
             reader.feed(response["Body"].read(), clock() - origin)
             return reader
         response = self.client.invoke_endpoint_with_response_stream(**args)
         record.status = 200
-        reader = ResponseReader(Api.SAGEMAKER, response.get("ContentType"), 200)
-        for event in response["Body"]:
-            part = event.get("PayloadPart")
-            if part:
-                reader.feed(part["Bytes"], clock() - origin)
+        reader = AnswerReader(Api.SAGEMAKER, response.get("ContentType"), 200)
+        for part in payload_parts(response["Body"]):
+            reader.feed(part, clock() - origin)
         return reader

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Protocol
 
-from .apis import IGNORE_EOS, Api, RequestShape, build_body
+from ..answers.messages import Api
+from .apis import IGNORE_EOS, RequestShape, build_body
 from .clients import HttpClient, SageMakerClient
 from .loadgen import MAX_REQUESTS, closed_loop
 from .metrics import summarize

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..answers.messages import Api
 from ..errors import UsageError
-from .apis import Api
 
 DEFAULT_PATHS = {Api.LMI: "/invocations", Api.OPENAI_COMPLETIONS: "/v1/completions",
                  Api.OPENAI_CHAT: "/v1/chat/completions"}

@@ -145,8 +145,7 @@ def invoke(endpoint: str = typer.Argument(..., help="Endpoint name"),
                          region=sess.region_name or ("us-east-1" if endpoint_url else None))
     body = lib.request_body(prompt, params, stream, chat)
     if not stream:
-        answer = lib.invoke(runtime, endpoint, body)
-        typer.echo(answer.body.decode("utf-8", "replace") if raw else answer.text)
+        typer.echo(lib.invoke(runtime, endpoint, body, raw=raw).text)
         return
     tokens = lib.invoke_stream(runtime, endpoint, body)
     try:

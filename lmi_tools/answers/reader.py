@@ -1,15 +1,15 @@
-"""Reading one response, chunk by chunk, into a ``RequestRecord`` (sans-IO: the clients feed the bytes)."""
+"""Reading one answer, chunk by chunk, into an ``Answer`` (sans-IO: the caller feeds the bytes and the times)."""
 
 from __future__ import annotations
 
 import json
+from typing import Iterable, Iterator, Mapping
 
-from .apis import READERS, Answer, Api, error_message
-from .records import RequestRecord
-from .wire import Framing, LineSplitter, SseDecoder, framing_for
+from .framing import Framing, LineSplitter, SseDecoder, framing_for
+from .messages import READERS, Answer, Api, error_message
 
 
-class ResponseReader:
+class AnswerReader:
     """Feed it the body as it arrives (``feed(bytes, now)``), then ``finish(now)``; times are the caller's."""
 
     def __init__(self, api: Api, content_type: str | None, status: int = 200):
@@ -47,15 +47,23 @@ class ResponseReader:
             else:
                 self.on_body(self.answer, obj, now)
         else:
-            try:
-                lines = self._lines.flush()
-            except UnicodeDecodeError as exc:
-                lines = []
-                self.answer.fail(f"the stream is not UTF-8: {exc}")
-            self._messages(lines, now)
+            self._messages(self._last_line(), now)
             if self._sse is not None:
                 self._objects(self._sse.flush(), now)
         return self.answer
+
+    def _last_line(self) -> list[str]:
+        """A last line without its newline counts only when it is whole: a stream cut inside a line (or a
+        character) failed, whatever it says."""
+        try:
+            lines = self._lines.flush()
+            payload = lines[0].strip().removeprefix("data:").strip() if lines else ""
+            if payload and payload != "[DONE]" and not payload.startswith(":"):
+                json.loads(payload)
+            return lines
+        except ValueError:  # UnicodeDecodeError included
+            self.answer.fail("the stream ended in the middle of a line (truncated line)")
+            return []
 
     def _messages(self, lines: list[str], now: float) -> None:
         payloads = self._sse.lines(lines) if self._sse is not None else lines
@@ -82,19 +90,9 @@ class ResponseReader:
         return message or text.strip()[:200] or "(empty body)"
 
 
-def complete(record: RequestRecord, answer: Answer, end: float) -> RequestRecord:
-    """Fill the record from what the response said; server-reported token counts win."""
-    record.end = end
-    record.token_times = answer.token_times
-    record.error = answer.error if record.error is None else record.error
-    record.finish_reason = answer.finish_reason
-    if record.ok:
-        record.first_token = answer.token_times[0] if answer.token_times else end
-        record.text = answer.text if answer.text is not None else "".join(answer.pieces)
-    if answer.input_tokens is not None:
-        record.input_tokens, record.input_tokens_source = answer.input_tokens, "server"
-    if answer.output_tokens is not None:
-        record.output_tokens, record.output_tokens_source = answer.output_tokens, "server"
-    elif answer.token_times:
-        record.output_tokens, record.output_tokens_source = len(answer.token_times), "events"
-    return record
+def payload_parts(events: Iterable[Mapping]) -> Iterator[bytes]:
+    """The bytes of a SageMaker response stream's ``PayloadPart`` events (other events are skipped)."""
+    for event in events:
+        part = event.get("PayloadPart")
+        if part:
+            yield part.get("Bytes", b"")

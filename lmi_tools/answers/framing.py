@@ -3,18 +3,12 @@
 Chunks can split a line (and a multi-byte character) anywhere: the SageMaker event stream cuts PayloadParts
 at arbitrary byte offsets. So bytes are buffered, only complete ``\\n``-terminated lines are decoded (as
 UTF-8, per line, never per chunk), and the remainder is flushed when the stream ends
-(reference/sagemaker.md §5.1).
+(reference/sagemaker.md §5.1). The framings are the runtime's own (``lmi_handlers.encoding.Framing``).
 """
 
 from __future__ import annotations
 
-import enum
-
-
-class Framing(str, enum.Enum):
-    JSON = "json"          # one body, parsed when it is complete
-    JSONLINES = "jsonlines"
-    SSE = "sse"
+from lmi_handlers.encoding import Framing
 
 
 def framing_for(content_type: str | None) -> Framing:

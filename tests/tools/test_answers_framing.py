@@ -2,7 +2,8 @@
 
 import pytest
 
-from lmi_tools.bench.wire import Framing, LineSplitter, SseDecoder, framing_for
+from lmi_handlers.encoding import Framing
+from lmi_tools.answers.framing import LineSplitter, SseDecoder, framing_for
 
 TEXT = '{"token": {"text": "caf\u00e9 \u2713"}}\r\n{"token": {"text": "\U0001f600"}}\n{"last": true}'
 
