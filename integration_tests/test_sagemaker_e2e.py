@@ -99,7 +99,7 @@ def test_library_end_to_end(moto_url, tiny_model_dir, serve, tmp_path):
     s3, sm = aws_client("s3", moto_url), aws_client("sagemaker", moto_url)
     s3.create_bucket(Bucket=BUCKET)
     uploaded = upload(s3, plan_upload(package(tiny_model_dir, tmp_path / "model.tar.gz"), f"s3://{BUCKET}/lib/"))
-    spec = deploy_lib.DeploySpec(artifact=str(uploaded.uri), instance=INSTANCE, role=ROLE, name="tiny-lib",
+    spec = deploy_lib.EndpointSpec(artifact=str(uploaded.uri), instance=INSTANCE, role=ROLE, name="tiny-lib",
                                  region="us-east-1")
     assert deploy_lib.deploy(sm, s3, deploy_lib.plan_deployment(spec), poll_s=0)["EndpointStatus"] == "InService"
 

@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from ..answers.messages import Api
 from ..answers.reader import AnswerReader, payload_parts
 from .records import RequestRecord, complete
-from .targets import Target
+from .targets import BenchTarget
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
@@ -41,7 +41,7 @@ def _closed(record: RequestRecord, reader: AnswerReader | None, end: float) -> R
 class HttpClient:
     """Posts JSON bodies with one aiohttp session; keeps up to ``concurrency`` connections alive."""
 
-    def __init__(self, target: Target, concurrency: int, request_timeout: float,
+    def __init__(self, target: BenchTarget, concurrency: int, request_timeout: float,
                  headers: Mapping[str, str] | None = None):
         self.target, self.concurrency, self.request_timeout = target, concurrency, request_timeout
         self.headers = {"Content-Type": "application/json", **(headers or {})}
@@ -80,7 +80,7 @@ class HttpClient:
 class SageMakerClient:
     """boto3 ``sagemaker-runtime`` calls on a pool of ``concurrency`` threads."""
 
-    def __init__(self, target: Target, concurrency: int, request_timeout: float):
+    def __init__(self, target: BenchTarget, concurrency: int, request_timeout: float):
         import boto3
         from botocore.config import Config
 

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+from lmi_handlers.config import ConfigError, parse_int
+
 from ..errors import UsageError, ValidationFailed
 from ..instances import INSTANCES, Instance, lookup
 
@@ -95,17 +97,16 @@ def _tp_degree(properties: Mapping[str, str], options: DockerOptions, instance: 
         raise UsageError("serving.properties sets no option.tensor_parallel_degree",
                          hint=f"add it (one of {_list(instance.tp_degrees)} on {instance.name}) or pass --tp")
     try:
-        return int(raw)
-    except ValueError:
-        raise UsageError(f"option.tensor_parallel_degree={raw!r} in serving.properties is not a number",
-                         hint="use an integer or max") from None
+        return parse_int({"tensor_parallel_degree": raw}, "tensor_parallel_degree", 1)  # the runtime's parser
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (in serving.properties)", hint="use an integer or max") from None
 
 
 def _check_fit(instance: Instance, tp: int) -> None:
     if tp in instance.tp_degrees:
         return
-    bigger = sorted((i for i in INSTANCES.values() if i.kind == instance.kind and tp in i.tp_degrees
-                     and i.name.split(".")[0] == instance.name.split(".")[0]), key=lambda i: i.cores)
+    bigger = sorted((i for i in INSTANCES.values() if i.family == instance.family and tp in i.tp_degrees),
+                    key=lambda i: i.cores)
     suggestion = f"; or use {bigger[0].name}" if bigger else ""
     raise ValidationFailed(f"tensor parallel degree {tp} does not fit {instance.name} ({_describe(instance)})",
                            hint=f"use one of {_list(instance.tp_degrees)}{suggestion}")

@@ -87,3 +87,13 @@ def test_cuda_without_a_visible_device_is_a_config_error():
     with pytest.raises(ConfigError, match="option.device='cuda' is invalid: no CUDA device is visible"):
         resolve_device(no_gpu, "cuda")
     assert resolve_device(no_gpu, "auto") == "cpu"
+
+
+@pytest.mark.parametrize("value, rolling", [(None, False), ("", False), ("disable", False), (" Disable ", False),
+                                            ("scheduler", True), ("auto", True), ("tnx", True)])
+def test_one_rule_for_rolling_batch(tmp_path, value, rolling):
+    from lmi_handlers.config import is_rolling
+
+    assert is_rolling(value) is rolling
+    props = {"model_dir": str(tmp_path)} if value is None else {"model_dir": str(tmp_path), "rolling_batch": value}
+    assert HandlerConfig.from_properties(props).rolling is rolling  # the handler reads it the same way
