@@ -111,11 +111,13 @@ class QueueFull(Exception):
 
 
 class ServedModel:
-    def __init__(self, name: str, url: str, settings: ModelSettings):
+    """One model's job queue and the dispatcher thread that feeds its worker (``worker``: tests pass a fake)."""
+
+    def __init__(self, name: str, url: str, settings: ModelSettings, worker: Worker | None = None):
         self.name, self.url, self.settings = name, url, settings
         self.status = Status.PENDING
         self.failure: str | None = None
-        self.worker = Worker(name, settings.worker)
+        self.worker = worker or Worker(name, settings.worker)
         self.jobs: queue.Queue[PendingRequest] = queue.Queue(maxsize=settings.job_queue_size)
         self.restarts = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
