@@ -227,12 +227,13 @@ class Output:
         """The per-request item encoding of rolling batch: int16 count, then key/str(value) pairs."""
         buf = bytearray(struct.pack(">h", len(value)))
         for key, item in value.items():
-            _write_string(buf, key)
-            _write_string(buf, str(item))
+            write_string(buf, key)
+            write_string(buf, str(item))
         return bytes(buf)
 
 
-def _write_string(buf: bytearray, value: str | None) -> None:
+def write_string(buf: bytearray, value: str | None) -> None:
+    """DJL's string encoding: an int32 length (-1 for null), then UTF-8 (the socket codec uses it too)."""
     if value is None:
         buf += struct.pack(">i", -1)
         return

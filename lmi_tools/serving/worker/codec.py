@@ -16,18 +16,9 @@ import logging
 import struct
 from typing import Any, BinaryIO, Iterator
 
-from lmi_handlers.protocol import Input, Output, PairList
+from lmi_handlers.protocol import Input, Output, PairList, write_string
 
 logger = logging.getLogger(__name__)
-
-
-def _write_string(buf: bytearray, value: str | None) -> None:
-    if value is None:
-        buf += struct.pack(">i", -1)
-        return
-    data = value.encode("utf-8")
-    buf += struct.pack(">i", len(data))
-    buf += data
 
 
 def _read_exact(stream: BinaryIO, size: int) -> bytes:
@@ -60,12 +51,12 @@ def encode_input(inputs: Input) -> bytes:
     """Java -> Python: properties, then content items (keys may be null)."""
     buf = bytearray(struct.pack(">h", len(inputs.properties)))
     for key, value in inputs.properties.items():
-        _write_string(buf, key)
-        _write_string(buf, None if value is None else str(value))
+        write_string(buf, key)
+        write_string(buf, None if value is None else str(value))
     buf += struct.pack(">h", inputs.content.size())
     for i in range(inputs.content.size()):
         value = bytes(inputs.content.value_at(i))
-        _write_string(buf, inputs.content.key_at(i))
+        write_string(buf, inputs.content.key_at(i))
         buf += struct.pack(">i", len(value))
         buf += value
     return bytes(buf)
@@ -96,16 +87,16 @@ def iter_output_frames(output: Output) -> Iterator[bytes]:
     or, for a streamed Output, content count -1 followed by chunks (byte 1 + int32 length + bytes)
     and a terminator (byte 0 + int32 length + the exception text, empty on success)."""
     head = bytearray(struct.pack(">h", output.code))
-    _write_string(head, output.message)
+    write_string(head, output.message)
     head += struct.pack(">h", len(output.properties))
     for key, value in output.properties.items():
-        _write_string(head, key)
-        _write_string(head, str(value))
+        write_string(head, key)
+        write_string(head, str(value))
     if output.stream_content is None:
         head += struct.pack(">h", output.content.size())
         for i in range(output.content.size()):
             value = bytes(output.content.value_at(i))
-            _write_string(head, output.content.key_at(i))
+            write_string(head, output.content.key_at(i))
             head += struct.pack(">i", len(value)) + value
         yield bytes(head)
         return
