@@ -21,8 +21,8 @@ import inspect
 import logging
 from typing import Any, Sequence
 
-from ..config import HandlerConfig
-from ..errors import ConfigError, InvalidRequest
+from ..config import ConfigError, HandlerConfig
+from ..errors import InvalidRequest
 from ..sequence import SequenceState
 from .sampling import select_tokens
 from .slot_cache import grouped_decode_attention, make_slot_cache
