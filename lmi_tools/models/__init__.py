@@ -1,1 +1,1 @@
-"""Model directories the tools build: the tiny random-weight model and config.json shapes."""
+"""Model directories the tools build: the tiny random-weight model and the real model converted from GGUF."""
