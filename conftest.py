@@ -11,6 +11,6 @@ import pytest
 def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer Llama with random weights and a tokenizer trained here, saved with save_pretrained."""
     pytest.importorskip("torch")
-    from lmi_tools.tiny_model import build_tiny_model
+    from lmi_tools.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))

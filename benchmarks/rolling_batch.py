@@ -5,7 +5,7 @@ The 115M-parameter Llama shape of issue 4 (hidden 576, 30 layers, 9 heads, 3 KV 
 tokens, 64 new tokens, greedy. Baselines: ``model.generate`` one prompt at a time, and a static batch
 of C prompts. Ours: closed-loop clients (each sends its next request as soon as the previous one is
 answered) served through ``handle()`` with DJLServing's rolling-batch step protocol, exactly as the
-Java front end drives it (``lmi_tools.djl_frontend.RollingBatchLoop``), streaming jsonlines.
+Java front end drives it (``lmi_tools.serving.worker.frontend.RollingBatchLoop``), streaming jsonlines.
 
     .venv/bin/python benchmarks/rolling_batch.py            # concurrency 1, 4, 16
 
@@ -30,8 +30,8 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from lmi_handlers.handler import Handler  # noqa: E402
-from lmi_tools.djl_frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
-from lmi_tools.tiny_model import build_tiny_model, corpus  # noqa: E402
+from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
+from lmi_tools.models.tiny import build_tiny_model, corpus  # noqa: E402
 
 JSON = [("Content-Type", "application/json")]
 

@@ -19,8 +19,8 @@ import boto3
 import httpx
 import pytest
 
-from lmi_tools.artifact import unpack
-from lmi_tools.package import build
+from lmi_tools.packaging.artifact import unpack
+from lmi_tools.packaging.package import build
 from lmi_tools.sagemaker import deploy as deploy_lib
 from lmi_tools.sagemaker import invoke as invoke_lib
 from lmi_tools.sagemaker.delete import delete, plan_teardown
@@ -99,7 +99,7 @@ def test_library_end_to_end(moto_url, tiny_model_dir, serve, tmp_path):
     s3, sm = aws_client("s3", moto_url), aws_client("sagemaker", moto_url)
     s3.create_bucket(Bucket=BUCKET)
     uploaded = upload(s3, plan_upload(package(tiny_model_dir, tmp_path / "model.tar.gz"), f"s3://{BUCKET}/lib/"))
-    spec = deploy_lib.DeploySpec(artifact=str(uploaded.uri), instance=INSTANCE, role=ROLE, name="tiny-lib",
+    spec = deploy_lib.EndpointSpec(artifact=str(uploaded.uri), instance=INSTANCE, role=ROLE, name="tiny-lib",
                                  region="us-east-1")
     assert deploy_lib.deploy(sm, s3, deploy_lib.plan_deployment(spec), poll_s=0)["EndpointStatus"] == "InService"
 
@@ -110,7 +110,7 @@ def test_library_end_to_end(moto_url, tiny_model_dir, serve, tmp_path):
     plain = invoke_lib.invoke(runtime, "tiny-lib", invoke_lib.request_body(PROMPT, PARAMETERS))
     tokens = invoke_lib.invoke_stream(runtime, "tiny-lib", invoke_lib.request_body(PROMPT, PARAMETERS, stream=True))
     pieces = list(tokens)
-    assert len(pieces) == 16 and plain.text == "".join(pieces) == tokens.last["generated_text"] == expected
+    assert len(pieces) == 16 and plain.text == "".join(pieces) == tokens.answer.text == expected
 
     delete(sm, s3, plan_teardown(sm, "tiny-lib", config=True, model=True, artifacts=True))
     assert_nothing_left(s3, sm)

@@ -48,7 +48,7 @@ def lmi(*args: str, **env: str) -> subprocess.CompletedProcess:
 
 def test_streamed_tokens_rebuild_the_text_across_split_characters(runtime):
     tokens = invoke_stream(runtime, "chatty", request_body("hi", {"max_new_tokens": len(TEXT.encode())}, stream=True))
-    assert "".join(tokens) == TEXT == tokens.last["generated_text"]
+    assert "".join(tokens) == TEXT == tokens.answer.text
     assert tokens.content_type == "application/jsonlines"
     assert invoke(runtime, "chatty", request_body("hi", {"max_new_tokens": len(TEXT.encode())})).text == TEXT
 

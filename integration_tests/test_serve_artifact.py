@@ -8,7 +8,7 @@ from pathlib import Path
 
 import httpx
 
-from lmi_tools.artifact import unpack
+from lmi_tools.packaging.artifact import unpack
 
 ROOT = Path(__file__).resolve().parents[1]
 # The shim prints where the runtime came from, so the test can see the vendored copy was used.

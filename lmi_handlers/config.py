@@ -79,6 +79,19 @@ def parse_int(props: Mapping[str, Any], key: str, default: int | None, minimum: 
     return value
 
 
+def parse_float(props: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
+    """A number in ``(low, high]``."""
+    if key not in props or _text(props[key]) == "":
+        return default
+    try:
+        value = float(_text(props[key]))
+    except ValueError:
+        raise ConfigError(key, props[key], f"expected a number in ({low:g}, {high:g}]") from None
+    if not low < value <= high:
+        raise ConfigError(key, props[key], f"expected a number in ({low:g}, {high:g}]")
+    return value
+
+
 def parse_choice(props: Mapping[str, Any], key: str, default: str, allowed: Iterable[str]) -> str:
     allowed = tuple(allowed)
     if key not in props or _text(props[key]) == "":
@@ -121,7 +134,7 @@ class HandlerConfig:
 
     @property
     def rolling(self) -> bool:
-        return self.rolling_batch != "disable"
+        return is_rolling(self.rolling_batch)
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
@@ -160,6 +173,12 @@ class HandlerConfig:
                               "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "
                               "set option.rolling_batch=disable or batch_size=1")
         return config
+
+
+def is_rolling(value: Any) -> bool:
+    """Whether an ``option.rolling_batch`` value turns rolling batch on: anything but ``disable`` (unset is
+    ``disable``). DJLServing's front end decides the same way, so ``lmi serve`` asks this too."""
+    return _text(value or "disable").lower() != "disable"
 
 
 def _resolve_model_id(model_id: str, model_dir: str) -> str:

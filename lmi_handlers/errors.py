@@ -54,12 +54,6 @@ class OutOfMemory(HandlerError):
     status = 507
 
 
-class Overloaded(HandlerError):
-    """No capacity left for this request right now."""
-
-    status = 503
-
-
 def status_of(error: BaseException) -> int:
     if isinstance(error, HandlerError):
         return error.status

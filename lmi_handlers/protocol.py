@@ -1,4 +1,4 @@
-"""Stand-ins for ``djl_python``'s ``Input``, ``Output`` and ``PairList``, and DJL's socket codec.
+"""Stand-ins for ``djl_python``'s ``Input``, ``Output`` and ``PairList``.
 
 Inside an LMI container the real classes are used (see ``djl.py``). Everywhere else - tests,
 ``lmi serve`` workers, laptops - these implement the same public behaviour, following
@@ -9,8 +9,8 @@ Inside an LMI container the real classes are used (see ``djl.py``). Everywhere e
 * ``Output.add(..., batch_index=i)`` keys items ``batch_<i>.<key>``; ``Output.binary_encode``
   is the rolling-batch item encoding; ``add_stream_content`` marks a streamed response.
 
-The wire codec (big-endian; strings are an int32 length, -1 for null, then UTF-8) is used by
-the local server in both directions: Java -> Python ``Input`` and Python -> Java ``Output``.
+DJL's socket wire codec is the server's business and lives with it (``lmi_tools.serving.worker.codec``);
+only the rolling-batch item encoding (``Output.binary_encode``) runs in the container.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
-from typing import Any, BinaryIO, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 logger = logging.getLogger(__name__)
 
@@ -227,158 +227,16 @@ class Output:
         """The per-request item encoding of rolling batch: int16 count, then key/str(value) pairs."""
         buf = bytearray(struct.pack(">h", len(value)))
         for key, item in value.items():
-            _write_string(buf, key)
-            _write_string(buf, str(item))
+            write_string(buf, key)
+            write_string(buf, str(item))
         return bytes(buf)
 
 
-# --- socket wire codec ----------------------------------------------------------------------
-
-def _write_string(buf: bytearray, value: str | None) -> None:
+def write_string(buf: bytearray, value: str | None) -> None:
+    """DJL's string encoding: an int32 length (-1 for null), then UTF-8 (the socket codec uses it too)."""
     if value is None:
         buf += struct.pack(">i", -1)
         return
     data = value.encode("utf-8")
     buf += struct.pack(">i", len(data))
     buf += data
-
-
-def _read_exact(stream: BinaryIO, size: int) -> bytes:
-    data = stream.read(size)
-    if data is None or len(data) != size:
-        raise EOFError("connection closed in the middle of a message")
-    return data
-
-
-def _read_short(stream: BinaryIO) -> int:
-    return struct.unpack(">h", _read_exact(stream, 2))[0]
-
-
-def _read_int(stream: BinaryIO) -> int:
-    return struct.unpack(">i", _read_exact(stream, 4))[0]
-
-
-def _read_string(stream: BinaryIO) -> str | None:
-    length = _read_int(stream)
-    return None if length < 0 else _read_exact(stream, length).decode("utf-8")
-
-
-def binary_decode(data: bytes) -> dict[str, str]:
-    """Inverse of ``Output.binary_encode`` (what Java does with each rolling-batch item)."""
-    import io
-
-    stream = io.BytesIO(data)
-    return {_read_string(stream) or "": _read_string(stream) or "" for _ in range(_read_short(stream))}
-
-
-def encode_input(inputs: Input) -> bytes:
-    """Java -> Python: properties, then content items (keys may be null)."""
-    buf = bytearray(struct.pack(">h", len(inputs.properties)))
-    for key, value in inputs.properties.items():
-        _write_string(buf, key)
-        _write_string(buf, None if value is None else str(value))
-    buf += struct.pack(">h", inputs.content.size())
-    for i in range(inputs.content.size()):
-        value = bytes(inputs.content.value_at(i))
-        _write_string(buf, inputs.content.key_at(i))
-        buf += struct.pack(">i", len(value))
-        buf += value
-    return bytes(buf)
-
-
-def read_input(stream: BinaryIO) -> Input:
-    inputs = Input()
-    for _ in range(_read_short(stream)):
-        key = _read_string(stream) or ""
-        inputs.properties[key] = _read_string(stream)
-    for _ in range(_read_short(stream)):
-        key = _read_string(stream)
-        inputs.content.add(key, _read_exact(stream, _read_int(stream)))
-    inputs.function_name = inputs.properties.get("handler")
-    return inputs
-
-
-def _stream_chunk_bytes(value: Any) -> bytes:
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray)):
-        return bytes(value)
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
-
-
-def iter_output_frames(output: Output) -> Iterator[bytes]:
-    """Python -> Java: the header (code, message, properties) and then either the content items
-    or, for a streamed Output, content count -1 followed by chunks (byte 1 + int32 length + bytes)
-    and a terminator (byte 0 + int32 length + the exception text, empty on success)."""
-    head = bytearray(struct.pack(">h", output.code))
-    _write_string(head, output.message)
-    head += struct.pack(">h", len(output.properties))
-    for key, value in output.properties.items():
-        _write_string(head, key)
-        _write_string(head, str(value))
-    if output.stream_content is None:
-        head += struct.pack(">h", output.content.size())
-        for i in range(output.content.size()):
-            value = bytes(output.content.value_at(i))
-            _write_string(head, output.content.key_at(i))
-            head += struct.pack(">i", len(value)) + value
-        yield bytes(head)
-        return
-    head += struct.pack(">h", -1)
-    yield bytes(head)
-    formatter = output.stream_content_formatter
-    failure = b""
-    try:
-        for value in output.stream_content:
-            chunk = _stream_chunk_bytes(formatter(value) if formatter else value)
-            yield struct.pack(">bi", 1, len(chunk)) + chunk
-    except Exception as exc:  # the engine reports a broken stream as the terminator's text
-        logger.exception("stream content failed")
-        failure = str(exc).encode("utf-8")
-    yield struct.pack(">bi", 0, len(failure)) + failure
-
-
-class OutputHeader:
-    """What Java reads first from an Output: status, headers, and the items unless streamed."""
-
-    def __init__(self, code: int, message: str, properties: dict[str, str], content: PairList | None):
-        self.code = code
-        self.message = message
-        self.properties = properties
-        self.content = content  # None for a streamed Output: read the chunks with read_stream_chunks
-
-    @property
-    def is_stream(self) -> bool:
-        return self.content is None
-
-
-def read_output_header(stream: BinaryIO) -> OutputHeader:
-    code = _read_short(stream)
-    message = _read_string(stream) or ""
-    properties = {}
-    for _ in range(_read_short(stream)):
-        key = _read_string(stream) or ""
-        properties[key] = _read_string(stream) or ""
-    count = _read_short(stream)
-    if count < 0:
-        return OutputHeader(code, message, properties, None)
-    content = PairList()
-    for _ in range(count):
-        key = _read_string(stream)
-        content.add(key, _read_exact(stream, _read_int(stream)))
-    return OutputHeader(code, message, properties, content)
-
-
-class StreamBroken(Exception):
-    """The handler's stream iterator raised; the message is its exception text."""
-
-
-def read_stream_chunks(stream: BinaryIO) -> Iterator[bytes]:
-    while True:
-        more = struct.unpack(">b", _read_exact(stream, 1))[0]
-        data = _read_exact(stream, _read_int(stream))
-        if not more:
-            if data:
-                raise StreamBroken(data.decode("utf-8", "replace"))
-            return
-        yield data

@@ -19,8 +19,6 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 COMMAND_MODULES = [
     "lmi_tools.commands.tiny_model",
     "lmi_tools.commands.serve",
-    "lmi_tools.commands.tiny_model",
-    "lmi_tools.commands.serve",
     "lmi_tools.commands.render",
     "lmi_tools.commands.validate",
     "lmi_tools.commands.package",

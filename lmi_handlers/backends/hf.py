@@ -21,7 +21,7 @@ import inspect
 import logging
 from typing import Any, Sequence
 
-from ..config import HandlerConfig
+from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import SequenceState
 from .sampling import select_tokens
@@ -71,7 +71,7 @@ def resolve_device(torch: Any, device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and not torch.cuda.is_available():
-        raise InvalidRequest("option.device=cuda but no CUDA device is visible", field="device")
+        raise ConfigError("device", device, "no CUDA device is visible to this worker; use auto or cpu")
     return device
 
 

@@ -283,7 +283,9 @@ def _warnings(model: Mapping[str, Any], model_type: str, tp: int, amp: str, n_po
                "their neighbours")
     heads = _heads(model)
     if model_type not in SERIAL_TYPES and heads % tp:
-        yield f"{heads} attention heads do not divide over tp_degree={tp}; transformers-neuronx pads them"
+        padded = -(-heads // tp) * tp
+        yield (f"{heads} attention heads do not divide over tp_degree={tp}; transformers-neuronx pads them to "
+               f"{padded} ({100 * (padded - heads) / heads:.0f}% more attention weights and compute)")
 
 
 def _neuron_config(options: NeuronxOptions, amp: str) -> dict[str, Any]:

@@ -17,10 +17,10 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping
 from urllib.parse import urlsplit
 
-from .apis import Api
-from .records import RequestRecord
-from .responses import ResponseReader, complete
-from .targets import Target
+from ..answers.messages import Api
+from ..answers.reader import AnswerReader, payload_parts
+from .records import RequestRecord, complete
+from .targets import BenchTarget
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1", "0.0.0.0")
 
@@ -30,7 +30,7 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def _closed(record: RequestRecord, reader: ResponseReader | None, end: float) -> RequestRecord:
+def _closed(record: RequestRecord, reader: AnswerReader | None, end: float) -> RequestRecord:
     """The record once its answer (if any) is read; a request that never got one keeps only its end time."""
     if reader is None:
         record.end = end
@@ -41,7 +41,7 @@ def _closed(record: RequestRecord, reader: ResponseReader | None, end: float) ->
 class HttpClient:
     """Posts JSON bodies with one aiohttp session; keeps up to ``concurrency`` connections alive."""
 
-    def __init__(self, target: Target, concurrency: int, request_timeout: float,
+    def __init__(self, target: BenchTarget, concurrency: int, request_timeout: float,
                  headers: Mapping[str, str] | None = None):
         self.target, self.concurrency, self.request_timeout = target, concurrency, request_timeout
         self.headers = {"Content-Type": "application/json", **(headers or {})}
@@ -67,7 +67,7 @@ class HttpClient:
         try:
             async with self._session.post(self.target.url, data=body) as response:
                 record.status = response.status
-                reader = ResponseReader(self.target.api, response.headers.get("Content-Type"), response.status)
+                reader = AnswerReader(self.target.api, response.headers.get("Content-Type"), response.status)
                 async for chunk in response.content.iter_any():
                     reader.feed(chunk, clock() - origin)
         except asyncio.TimeoutError:
@@ -80,7 +80,7 @@ class HttpClient:
 class SageMakerClient:
     """boto3 ``sagemaker-runtime`` calls on a pool of ``concurrency`` threads."""
 
-    def __init__(self, target: Target, concurrency: int, request_timeout: float):
+    def __init__(self, target: BenchTarget, concurrency: int, request_timeout: float):
         import boto3
         from botocore.config import Config
 
@@ -124,19 +124,17 @@ class SageMakerClient:
             record.error = _describe(exc)
         return _closed(record, reader, clock() - origin)
 
-    def _call(self, body: bytes, record: RequestRecord, clock, origin: float) -> ResponseReader:
+    def _call(self, body: bytes, record: RequestRecord, clock, origin: float) -> AnswerReader:
         args = {"EndpointName": self.target.endpoint_name, "Body": body, "ContentType": "application/json"}
         if not self.target.stream:
             response = self.client.invoke_endpoint(**args)
             record.status = 200
-            reader = ResponseReader(Api.SAGEMAKER, response.get("ContentType"), 200)
+            reader = AnswerReader(Api.SAGEMAKER, response.get("ContentType"), 200)
             reader.feed(response["Body"].read(), clock() - origin)
             return reader
         response = self.client.invoke_endpoint_with_response_stream(**args)
         record.status = 200
-        reader = ResponseReader(Api.SAGEMAKER, response.get("ContentType"), 200)
-        for event in response["Body"]:
-            part = event.get("PayloadPart")
-            if part:
-                reader.feed(part["Bytes"], clock() - origin)
+        reader = AnswerReader(Api.SAGEMAKER, response.get("ContentType"), 200)
+        for part in payload_parts(response["Body"]):
+            reader.feed(part, clock() - origin)
         return reader

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ..errors import ToolError, UsageError
 from ..serving.store import model_name_for, model_properties
-from .apis import Api
+from ..answers.messages import Api
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 

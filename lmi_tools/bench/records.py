@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Iterable
 
+from ..answers.messages import Answer
+
 #: Where a token count came from, best first.
 SOURCES = ("server", "tokenizer", "events")
 
@@ -84,3 +86,21 @@ class RunLog:
         records = [RequestRecord.from_dict(item) for item in items]
         return cls(concurrency=int(head["concurrency"]), records=records, streaming=bool(head.get("streaming", True)),
                    cancelled=int(head.get("cancelled", 0)), started_at=str(head.get("started_at", "")))
+
+
+def complete(record: RequestRecord, answer: Answer, end: float) -> RequestRecord:
+    """Fill the record from what the response said; server-reported token counts win."""
+    record.end = end
+    record.token_times = answer.token_times
+    record.error = answer.error if record.error is None else record.error
+    record.finish_reason = answer.finish_reason
+    if record.ok:
+        record.first_token = answer.token_times[0] if answer.token_times else end
+        record.text = answer.text if answer.text is not None else "".join(answer.pieces)
+    if answer.input_tokens is not None:
+        record.input_tokens, record.input_tokens_source = answer.input_tokens, "server"
+    if answer.output_tokens is not None:
+        record.output_tokens, record.output_tokens_source = answer.output_tokens, "server"
+    elif answer.token_times:
+        record.output_tokens, record.output_tokens_source = len(answer.token_times), "events"
+    return record

@@ -10,13 +10,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Callable, Protocol
 
-from .apis import IGNORE_EOS, Api, RequestShape, build_body
+from ..answers.messages import Api
+from .apis import IGNORE_EOS, RequestShape, build_body
 from .clients import HttpClient, SageMakerClient
 from .loadgen import MAX_REQUESTS, closed_loop
 from .metrics import summarize
 from .prompts import PromptSet, TokenCounter
 from .records import RequestRecord, RunLog
-from .targets import Target
+from .targets import BenchTarget
 
 
 @dataclass(frozen=True)
@@ -41,7 +42,7 @@ class LoadSettings:
 
 @dataclass
 class BenchPlan:
-    target: Target
+    target: BenchTarget
     shape: RequestShape
     prompts: PromptSet
     load: LoadSettings
@@ -110,7 +111,7 @@ async def _run_all(plan: BenchPlan, progress: Progress) -> list[RunResult]:
     return results
 
 
-def make_client(target: Target, concurrency: int, request_timeout: float, headers: dict[str, str]):
+def make_client(target: BenchTarget, concurrency: int, request_timeout: float, headers: dict[str, str]):
     if target.api is Api.SAGEMAKER:
         return SageMakerClient(target, concurrency, request_timeout)
     return HttpClient(target, concurrency, request_timeout, headers)

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..answers.messages import Api
 from ..errors import UsageError
-from .apis import Api
 
 DEFAULT_PATHS = {Api.LMI: "/invocations", Api.OPENAI_COMPLETIONS: "/v1/completions",
                  Api.OPENAI_CHAT: "/v1/chat/completions"}
@@ -37,7 +37,7 @@ API_NAMES = ", ".join(a.value for a in Api)
 
 
 @dataclass(frozen=True)
-class Target:
+class BenchTarget:
     """A resolved target: the API, where to send, and whether answers stream."""
 
     api: Api
@@ -83,7 +83,7 @@ def _stream(path_says: bool | None, asked: bool | None, target: str) -> bool:
     return path_says
 
 
-def _sagemaker(target: str, parts, stream: bool | None, region: str | None) -> Target:
+def _sagemaker(target: str, parts, stream: bool | None, region: str | None) -> BenchTarget:
     match = SAGEMAKER_PATH.match(parts.path)
     if match is None:
         raise UsageError(f"TARGET {target} does not name a SageMaker endpoint",
@@ -91,19 +91,19 @@ def _sagemaker(target: str, parts, stream: bool | None, region: str | None) -> T
     path_says = None if match.group(2) is None else match.group(3) is not None
     aws = AWS_RUNTIME_HOST.match(parts.hostname or "")
     region = region or (aws.group(1) if aws else "us-east-1")
-    return Target(Api.SAGEMAKER, _stream(path_says, stream, target), endpoint_name=match.group(1),
+    return BenchTarget(Api.SAGEMAKER, _stream(path_says, stream, target), endpoint_name=match.group(1),
                   endpoint_url=f"{parts.scheme}://{parts.netloc}", region=region)
 
 
 def parse_target(target: str, api: str | None = None, stream: bool | None = None,
-                 region: str | None = None) -> Target:
-    """Resolve TARGET (and ``--api``, ``--stream/--no-stream``, ``--region``) into a ``Target``."""
+                 region: str | None = None) -> BenchTarget:
+    """Resolve TARGET (and ``--api``, ``--stream/--no-stream``, ``--region``) into a ``BenchTarget``."""
     chosen = parse_api(api)
     if target.startswith("sagemaker:") and not target.startswith("sagemaker://"):
         name = target.split(":", 1)[1]
         if not name or chosen not in (None, Api.SAGEMAKER):
             raise UsageError(f"TARGET {target!r}: sagemaker:NAME needs an endpoint name and --api sagemaker (or none)")
-        return Target(Api.SAGEMAKER, True if stream is None else stream, endpoint_name=name, region=region)
+        return BenchTarget(Api.SAGEMAKER, True if stream is None else stream, endpoint_name=name, region=region)
     parts = urlsplit(target)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise UsageError(f"TARGET {target!r} is not an http(s) URL or sagemaker:NAME",
@@ -124,7 +124,7 @@ def parse_target(target: str, api: str | None = None, stream: bool | None = None
         streaming = _stream(None, stream, target)
         path = path or DEFAULT_PATHS[chosen]
     query = f"?{parts.query}" if parts.query else ""
-    return Target(chosen, streaming, url=f"{parts.scheme}://{parts.netloc}{path}{query}")
+    return BenchTarget(chosen, streaming, url=f"{parts.scheme}://{parts.netloc}{path}{query}")
 
 
 def parse_api(api: str | None) -> Api | None:

@@ -34,8 +34,8 @@ def docker_run(
     execute: bool = typer.Option(False, "--exec", help="Run the command instead of printing it"),
 ) -> int:
     """Print the docker run line that serves MODEL_DIR with DJLServing on an inf2/trn1 or G5 host."""
-    from ..docker_run import DockerOptions, plan_docker_run
-    from ..properties import parse_properties, read_text
+    from ..ec2.docker_run import DockerOptions, plan_docker_run
+    from ..modeldir.properties import parse_properties, read_text
 
     if not model_dir.is_dir():
         raise UsageError(f"{model_dir} is not a directory", hint="give the model directory holding serving.properties")

@@ -24,7 +24,7 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
             config: Optional[Path] = typer.Option(None, "--config", help="The model's config.json for validation"),
             ) -> None:
     """Validate, then package the model directory with the lmi_handlers runtime vendored beside model.py."""
-    from ..package import build
+    from ..packaging.package import build
 
     if output is None and uncompressed is None:
         output = Path("model.tar.gz")
@@ -43,7 +43,7 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
 def inspect(archive: Path = typer.Argument(..., help="A model.tar.gz"),
             as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """List an artifact and check it (serving.properties, entry point, runtime, paths) without unpacking it."""
-    from ..artifact import inspect_artifact
+    from ..packaging.artifact import inspect_artifact
     from ..errors import ValidationFailed
 
     report = inspect_artifact(archive)

@@ -91,7 +91,7 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
     from ..sagemaker import deploy as lib
 
     sess = aws.session(region, profile)
-    spec = lib.DeploySpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
+    spec = lib.EndpointSpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
                           region=aws.region_of(sess), image=image, lmi_version=lmi_version,
                           instance_count=instance_count, environment=_environment(env),
                           download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size)
@@ -145,8 +145,7 @@ def invoke(endpoint: str = typer.Argument(..., help="Endpoint name"),
                          region=sess.region_name or ("us-east-1" if endpoint_url else None))
     body = lib.request_body(prompt, params, stream, chat)
     if not stream:
-        answer = lib.invoke(runtime, endpoint, body)
-        typer.echo(answer.body.decode("utf-8", "replace") if raw else answer.text)
+        typer.echo(lib.invoke(runtime, endpoint, body, raw=raw).text)
         return
     tokens = lib.invoke_stream(runtime, endpoint, body)
     try:

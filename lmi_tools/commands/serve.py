@@ -32,7 +32,10 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     if engine not in ("auto", "lmi", "djl"):
         raise UsageError(f"--engine {engine!r} is not one of auto, lmi, djl")
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    config = ServerConfig.from_env()
+    try:
+        config = ServerConfig.from_env()
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     config.engine, config.sagemaker_part_size = engine, sagemaker_part_size
     if job_queue_size is not None:
         config.job_queue_size = job_queue_size
@@ -42,6 +45,10 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         if not path.is_dir():
             raise UsageError(f"model directory {path} does not exist",
                              hint="give a directory with serving.properties (lmi new / lmi render make one)")
-        store.register(model_name_for(spec), str(path))
+        try:
+            store.register(model_name_for(spec), str(path))
+        except ValueError as exc:
+            store.close()
+            raise UsageError(str(exc)) from None
     typer.echo(f"lmi serve: http://{host}:{port}  models: {', '.join(store.models)}  (GET /ping until 200)")
     uvicorn.run(create_app(store), host=host, port=port, log_level=log_level, access_log=False)

@@ -15,7 +15,7 @@ def tiny_model(out_dir: Path = typer.Argument(..., help="Where to write the mode
                preset: str = typer.Option("tiny", help="tiny (tests, demo) or bench-115m (benchmark)")) -> None:
     """Build a small Llama-family model with random weights and a locally trained tokenizer."""
     from ..errors import UsageError
-    from ..tiny_model import PRESETS, build_tiny_model
+    from ..models.tiny import PRESETS, build_tiny_model
 
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}", hint=f"use one of {', '.join(PRESETS)}")

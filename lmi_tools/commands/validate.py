@@ -22,7 +22,7 @@ def validate(model_dir: Path = typer.Argument(..., help="Model directory (with s
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Check TP degree, heads, memory per core, sequence length, batching and dtype; exit 3 on errors."""
     from ..errors import ValidationFailed
-    from ..validate import validate_model_dir
+    from ..validation.validate import validate_model_dir
 
     report = validate_model_dir(model_dir, instance, config)
     if as_json:

@@ -2,7 +2,6 @@
 included), delete it. The ``lmi upload / deploy / invoke / delete`` commands call these modules:
 
 * ``images``: the LMI image URI for an instance type (the sagemaker SDK's table when installed, else ours);
-* ``hosting``: what an instance type implies (Neuron or GPU image, EBS volume size allowed or not);
 * ``upload``: ``model.tar.gz`` or a directory to S3 (multipart, progress, never "folder" keys);
 * ``deploy``: create_model, create_endpoint_config, create_endpoint as a plan (``--dry-run`` prints it), then wait;
 * ``invoke``: invoke_endpoint and invoke_endpoint_with_response_stream, with line reassembly;

@@ -1,10 +1,10 @@
 """Deploy an artifact on S3 to a SageMaker real-time endpoint on an LMI image, with boto3 alone.
 
-``plan_deployment`` turns a ``DeploySpec`` into the exact API calls (``create_model``,
+``plan_deployment`` turns a ``EndpointSpec`` into the exact API calls (``create_model``,
 ``create_endpoint_config``, ``create_endpoint``) without touching AWS, so ``--dry-run`` prints precisely
 what ``create`` later sends. ``deploy`` checks the artifact and the names, makes the calls (removing what it
 created if a later call fails) and polls ``describe_endpoint`` until ``InService``, or raises with
-SageMaker's ``FailureReason``. All three resources share one name (``DeploySpec.name``).
+SageMaker's ``FailureReason``. All three resources share one name (``EndpointSpec.name``).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Callable, Mapping
 
 from ..errors import AwsError, UsageError
+from ..instances import HostingInstance
 from .aws import aws_errors
-from .hosting import HostingInstance, parse_any
 from .images import ImageChoice, resolve_image
 from .upload import S3Uri, list_keys
 
@@ -36,7 +36,7 @@ LEGACY_LOCATIONS = {"": "us-east-1", "EU": "eu-west-1"}
 
 
 @dataclass(frozen=True)
-class DeploySpec:
+class EndpointSpec:
     """What to deploy: the artifact (``s3://.../model.tar.gz`` or an uncompressed ``s3://.../prefix/``), where
     (instance type and count, region), as whom (the execution role) and under which name."""
 
@@ -76,7 +76,7 @@ class ApiCall:
 class DeployPlan:
     """The API calls a deployment makes, and the image chosen for it."""
 
-    spec: DeploySpec
+    spec: EndpointSpec
     artifact: S3Uri
     image: ImageChoice
     calls: tuple[ApiCall, ...]
@@ -95,14 +95,14 @@ def default_name(artifact: str, now: datetime | None = None) -> str:
     return f"lmi-{stem}-{stamp}"
 
 
-def plan_deployment(spec: DeploySpec) -> DeployPlan:
+def plan_deployment(spec: EndpointSpec) -> DeployPlan:
     """The calls for ``spec``; validates every field first (UsageError naming the option). No AWS call."""
     _validate(spec)
     artifact = S3Uri.parse(spec.artifact, "--artifact")
     if not (artifact.is_prefix or artifact.key.endswith(".tar.gz")):
         raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
                          hint="use s3://bucket/path/model.tar.gz, or s3://bucket/path/ for an uncompressed upload")
-    host = parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
+    host = HostingInstance.parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
     image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
     container: dict = {"Image": image.uri}
     if artifact.is_prefix:
@@ -120,7 +120,7 @@ def plan_deployment(spec: DeploySpec) -> DeployPlan:
     return DeployPlan(spec, artifact, image, calls)
 
 
-def _variant(spec: DeploySpec, host: HostingInstance) -> dict:
+def _variant(spec: EndpointSpec, host: HostingInstance) -> dict:
     variant = {"VariantName": VARIANT, "ModelName": spec.name, "InstanceType": spec.instance,
                "InitialInstanceCount": spec.instance_count,
                "ModelDataDownloadTimeoutInSeconds": spec.download_timeout,
@@ -134,7 +134,7 @@ def _variant(spec: DeploySpec, host: HostingInstance) -> dict:
     return variant
 
 
-def _validate(spec: DeploySpec) -> None:
+def _validate(spec: EndpointSpec) -> None:
     if not NAME.fullmatch(spec.name):
         raise UsageError(f"--name {spec.name!r} is not a valid SageMaker name",
                          hint="1-63 letters, digits and hyphens, starting with a letter or digit")

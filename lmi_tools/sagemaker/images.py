@@ -15,7 +15,7 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import UsageError
-from .hosting import HostingInstance
+from ..instances import HostingInstance
 
 DEFAULT_VERSION = "0.29.0"  # the last LMI line with transformers-neuronx (reference/djl-contract.md)
 FRAMEWORKS = {"neuron": "djl-neuronx", "gpu": "djl-lmi"}
@@ -101,7 +101,7 @@ def resolve_image(instance: HostingInstance, region: str, image: str | None = No
         raise UsageError("--image and --lmi-version exclude each other", hint="give one of them")
     if image:
         return ImageChoice(image, "--image")
-    framework = FRAMEWORKS[instance.accelerator]
+    framework = FRAMEWORKS[instance.kind]
     version = lmi_version or DEFAULT_VERSION
     found = sdk_uri(framework, version, region)
     if found is not None:

@@ -4,25 +4,27 @@
 A stream is a series of ``PayloadPart`` events whose bytes are arbitrary slices of the container's output:
 a line, a JSON object, even a UTF-8 character can be split across parts (reference/sagemaker.md §3.4). The
 published LineIterators get this wrong (§5.1: one never reassembles, one loops forever on a last line without
-``\\n``). ``iter_lines`` keeps a byte buffer, splits off complete ``\\n``-terminated lines, decodes each line
-(never a part), and at the end flushes a last unterminated line only if it is a complete JSON value, else
-raises "truncated line". Lines are LMI jsonlines (``token.text``), chat chunks (``choices[0].delta.content``,
-as jsonlines or ``data:`` server-sent events) or a whole JSON answer.
+``\\n``). The answer is read by ``lmi bench``'s reader (``lmi_tools.answers``): lines are reassembled from the
+bytes, decoded whole, framed by the container's content type (JSON, JSON lines, server-sent events), and read
+as LMI answers (``token.text``, ``generated_text``) or, with ``chat``, OpenAI chat chunks.
 
 Failures: before the stream, ``ModelError`` (the container answered 4xx/5xx); in the middle,
-``ModelStreamError`` / ``InternalStreamFailure`` events, or an error line (LMI keeps HTTP 200 and ends with
-``{"code", "error"}`` or ``details.finish_reason == "error"``, §5.2). All become ``ModelFailed`` carrying the
-text received so far.
+``ModelStreamError`` / ``InternalStreamFailure`` events, an error message (the rule of ``lmi_tools.answers``:
+an ``error`` field, DJLServing's error shape, or LMI's ``details.finish_reason == "error"``), a line that is
+not JSON, or a stream cut inside a line. All become ``ModelFailed`` carrying the text received so far.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from botocore.exceptions import ClientError
 
+from ..answers.messages import Answer, Api
+from ..answers.reader import AnswerReader, payload_parts
 from ..errors import ModelFailed
 from .aws import aws_errors, from_client_error
 
@@ -42,96 +44,12 @@ def request_body(prompt: str, parameters: Mapping[str, Any] | None = None, strea
     return body
 
 
-def iter_lines(events: Iterable[Mapping]) -> Iterator[str]:
-    """The complete lines carried by a stream's ``PayloadPart`` events (other events are ignored)."""
-    buffer = bytearray()
-    for event in events:
-        part = event.get("PayloadPart")
-        if not part:
-            continue
-        buffer += part.get("Bytes", b"")
-        start = 0
-        while (end := buffer.find(b"\n", start)) >= 0:
-            yield _decode(bytes(buffer[start:end]))
-            start = end + 1
-        del buffer[:start]
-    if buffer:
-        tail = bytes(buffer)
-        if not _is_complete(tail):
-            raise ModelFailed(f"the stream ended in the middle of a line ({len(tail)} bytes with no final newline: "
-                              f"truncated line {tail[:60]!r})", hint="the connection or the container stopped "
-                              "early: run the request again, and check the container's log")
-        yield _decode(tail)
-
-
-def _decode(line: bytes) -> str:
-    try:
-        return line.decode("utf-8").rstrip("\r")
-    except UnicodeDecodeError as exc:
-        raise ModelFailed(f"the stream sent a line that is not UTF-8: {exc}") from None
-
-
-def _is_complete(tail: bytes) -> bool:
-    try:
-        payload = _sse_payload(tail.decode("utf-8").strip())
-        if payload and payload != "[DONE]":
-            json.loads(payload)
-        return True
-    except (UnicodeDecodeError, ValueError):  # cut inside a character or a JSON value
-        return False
-
-
-def _sse_payload(line: str) -> str:
-    return line[len("data:"):].strip() if line.startswith("data:") else line
-
-
-def parse_line(line: str) -> Any | None:
-    """The JSON value of a jsonlines or ``data:`` line; None for blank lines, SSE comments/fields, ``[DONE]``."""
-    line = line.strip()
-    if not line or line.startswith(":") or line.startswith(("event:", "id:", "retry:")):
-        return None
-    payload = _sse_payload(line)
-    if payload == "[DONE]":
-        return None
-    try:
-        return json.loads(payload)
-    except ValueError:
-        raise ModelFailed(f"the stream sent a line that is not JSON: {line[:80]!r}") from None
-
-
-def answer_text(value: Any) -> str:
-    """The generated text in an answer or a stream line (LMI, chat, chat chunk, TGI list, legacy list)."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list):
-        return "\n".join(answer_text(item) for item in value)
-    if not isinstance(value, dict):
-        return ""
-    if "token" in value:
-        return (value.get("token") or {}).get("text") or ""
-    if value.get("choices"):
-        choice = value["choices"][0]
-        message = choice.get("delta") or choice.get("message") or {}
-        return message.get("content") or choice.get("text") or ""
-    return value.get("generated_text") or ""
-
-
-def error_in(value: Any) -> str | None:
-    """The error an answer or line reports, if any (LMI error objects, finish_reason "error", OpenAI errors)."""
-    if not isinstance(value, dict):
-        return None
-    error = value.get("error")
-    if isinstance(error, dict):
-        return str(error.get("message") or error)
-    if error is not None and "code" in value:
-        return f"{error} (code {value['code']})"
-    if (value.get("details") or {}).get("finish_reason") == "error":
-        return "the model stopped with finish_reason 'error'"
-    return None
+def _api(payload: Mapping) -> Api:
+    return Api.OPENAI_CHAT if "messages" in payload else Api.SAGEMAKER
 
 
 @dataclass(frozen=True)
-class Answer:
+class Reply:
     """A whole answer: the raw body, its content type, and the generated text found in it."""
 
     body: bytes
@@ -139,55 +57,72 @@ class Answer:
     text: str
 
 
-def invoke(runtime, endpoint: str, payload: Mapping, accept: str = JSON) -> Answer:
-    """``invoke_endpoint`` with a JSON body; ``ModelFailed`` if the model answered with an error."""
+def invoke(runtime, endpoint: str, payload: Mapping, accept: str = JSON, raw: bool = False) -> Reply:
+    """``invoke_endpoint`` with a JSON body; ``ModelFailed`` if the answer reports an error (never with ``raw``,
+    which returns the body unread)."""
     with aws_errors(f"invoking endpoint {endpoint}"):
         response = runtime.invoke_endpoint(EndpointName=endpoint, Body=json.dumps(payload),
                                            ContentType=JSON, Accept=accept)
         body = response["Body"].read()
     content_type = response.get("ContentType", "")
-    try:
-        value = json.loads(body)
-    except ValueError:
-        return Answer(body, content_type, body.decode("utf-8", "replace"))
-    error = error_in(value)
-    if error:
-        raise ModelFailed(f"the model answered with an error: {error}")
-    return Answer(body, content_type, answer_text(value))
+    if raw:
+        return Reply(body, content_type, body.decode("utf-8", "replace"))
+    reader = AnswerReader(_api(payload), content_type)
+    reader.feed(body, time.perf_counter())
+    answer = reader.finish(time.perf_counter())
+    if answer.error:
+        raise ModelFailed(f"the model answered with an error: {answer.error}",
+                          hint="--raw prints the answer's body as it is")
+    return Reply(body, content_type, _text(answer))
+
+
+def _text(answer: Answer) -> str:
+    return answer.text if answer.text is not None else "".join(answer.pieces)
 
 
 class TokenStream:
     """The text of each token as it arrives, from ``invoke_endpoint_with_response_stream``.
 
-    Iterate once. ``text`` is everything received so far, ``last`` the last JSON line (LMI's carries
-    ``generated_text`` and ``details``), ``content_type`` the container's (X-Amzn-SageMaker-Content-Type).
+    Iterate once. ``text`` is everything received so far; ``answer`` what the reader found (LMI's last line
+    carries ``generated_text`` and ``details``); ``content_type`` the container's (X-Amzn-SageMaker-Content-Type).
     """
 
-    def __init__(self, response: Mapping):
+    def __init__(self, response: Mapping, api: Api = Api.SAGEMAKER):
         self.body = response["Body"]
         self.content_type = response.get("ContentType", "")
-        self.text, self.last = "", None
+        self.reader = AnswerReader(api, self.content_type)
+        self.answer = self.reader.answer
+        self.text = ""
 
     def __iter__(self) -> Iterator[str]:
+        sent = 0
         try:
-            for line in iter_lines(self._events()):
-                value = parse_line(line)
-                if value is None:
-                    continue
-                self.last = value
-                error = error_in(value)
-                if error:
-                    raise ModelFailed(f"the model failed in the middle of the stream: {error}",
-                                      hint="the text received before the failure was kept")
-                piece = answer_text(value)
-                if piece:
-                    self.text += piece
-                    yield piece
+            for part in payload_parts(self._events()):
+                self.reader.feed(part, time.perf_counter())
+                yield from self._new(sent)
+                sent = len(self.answer.pieces)
+            self.reader.finish(time.perf_counter())
+            yield from self._new(sent)
+            if not self.answer.pieces and self.answer.text:  # a whole JSON answer: its text at once
+                self.text = self.answer.text
+                yield self.answer.text
         except ModelFailed as exc:
             exc.received = self.text
             raise
         finally:
             self.body.close()  # also when the caller stops early: frees the connection
+
+    def _new(self, sent: int) -> Iterator[str]:
+        for piece in self.answer.pieces[sent:]:
+            if piece:
+                self.text += piece
+                yield piece
+        if self.answer.error:
+            truncated = "truncated line" in self.answer.error
+            raise ModelFailed(f"the model failed in the middle of the stream: {self.answer.error}",
+                              hint="the connection or the container stopped early: run the request again, and "
+                                   "check the container's log" if truncated else
+                                   "the text received before the failure was kept")
 
     def _events(self) -> Iterator[Mapping]:
         try:
@@ -202,4 +137,4 @@ def invoke_stream(runtime, endpoint: str, payload: Mapping, accept: str = JSONLI
     with aws_errors(f"invoking endpoint {endpoint} with response streaming"):
         response = runtime.invoke_endpoint_with_response_stream(EndpointName=endpoint, Body=json.dumps(payload),
                                                                 ContentType=JSON, Accept=accept)
-    return TokenStream(response)
+    return TokenStream(response, _api(payload))

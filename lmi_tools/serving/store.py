@@ -12,15 +12,33 @@ Configuration sources (reference/djl-contract.md §1.7-1.8, §7):
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Callable, Mapping
 
-from ..properties import init_properties, parse_properties, read_text, with_environment
-from .model import ModelSettings, ServedModel
-from .worker import WorkerSettings
+from lmi_handlers.config import ConfigError, is_rolling, parse_float, parse_int
+
+from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
+from .dispatcher import ModelSettings, ServedModel
+from .worker.client import WorkerSettings
+
+
+def setting(source: Mapping[str, str], key: str, default: Any, where: str, parse: Callable = parse_int,
+            **limits: Any) -> Any:
+    """A number from serving.properties or the environment, read by the runtime's own parsers; a bad value is
+    a ``ValueError`` naming the key, the value, where it came from and what is allowed."""
+    try:
+        return parse(source, key, default, **limits)
+    except ConfigError as exc:
+        raise ValueError(f"{key}={source[key]!r} {where} is invalid: {exc.allowed}") from None
+
+
+def seconds(source: Mapping[str, str], key: str, default: float, where: str) -> float:
+    return setting(source, key, default, where, parse_float, low=0, high=math.inf)
+
 
 def model_properties(model_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
     """The init properties DJLServing sends for this model directory (options stripped of ``option.``)."""
@@ -49,44 +67,37 @@ class ServerConfig:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServerConfig":
-        def get(name: str, default: float, cast: type = int):
-            value = environ.get(name)
-            return cast(value) if value not in (None, "") else default
-
+        where = "in the environment"
         return cls(
-            job_queue_size=get("SERVING_JOB_QUEUE_SIZE", 1000), batch_size=get("SERVING_BATCH_SIZE", 1),
-            max_batch_delay=get("SERVING_MAX_BATCH_DELAY", 100),
-            max_request_size=get("SERVING_MAX_REQUEST_SIZE", 64 * 1024 * 1024),
-            chunked_read_timeout=get("SERVING_CHUNKED_READ_TIMEOUT", 120.0, float),
-            model_loading_timeout=get("MODEL_LOADING_TIMEOUT", 240.0, float),
-            predict_timeout=get("PREDICT_TIMEOUT", 120.0, float),
+            job_queue_size=setting(environ, "SERVING_JOB_QUEUE_SIZE", 1000, where),
+            batch_size=setting(environ, "SERVING_BATCH_SIZE", 1, where),
+            max_batch_delay=setting(environ, "SERVING_MAX_BATCH_DELAY", 100, where, minimum=0),
+            max_request_size=setting(environ, "SERVING_MAX_REQUEST_SIZE", 64 * 1024 * 1024, where),
+            chunked_read_timeout=seconds(environ, "SERVING_CHUNKED_READ_TIMEOUT", 120.0, where),
+            model_loading_timeout=seconds(environ, "MODEL_LOADING_TIMEOUT", 240.0, where),
+            predict_timeout=seconds(environ, "PREDICT_TIMEOUT", 120.0, where),
         )
 
 
 def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> ModelSettings:
     props = {**model_properties(model_dir, environ), **(overrides or {})}
-
-    def number(key: str, default: float, cast: type = int):
-        try:
-            return cast(props[key]) if props.get(key) not in (None, "") else default
-        except ValueError:
-            raise ValueError(f"{key}={props[key]!r} in {model_dir}/serving.properties is not a number") from None
-
+    where = f"in {model_dir}/serving.properties"
     env = dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
-    rolling = props.get("rolling_batch", "disable").strip().lower() not in ("", "disable")
     worker = WorkerSettings(
         model_dir=model_dir.resolve(), init_properties={k: v for k, v in props.items() if k != "env"},
         entry_point=props.get("entryPoint", ""),
-        model_loading_timeout=number("model_loading_timeout", server.model_loading_timeout, float),
-        predict_timeout=number("predict_timeout", server.predict_timeout, float),
+        model_loading_timeout=seconds(props, "model_loading_timeout", server.model_loading_timeout, where),
+        predict_timeout=seconds(props, "predict_timeout", server.predict_timeout, where),
         chunked_read_timeout=server.chunked_read_timeout, engine=server.engine, env=env)
     return ModelSettings(
         worker=worker,
-        batch_size=number("batch_size", number("max_dynamic_batch_size", server.batch_size)),
-        max_batch_delay_ms=number("max_batch_delay", server.max_batch_delay),
-        job_queue_size=number("job_queue_size", server.job_queue_size),
-        rolling=rolling, max_rolling_batch_size=number("max_rolling_batch_size", 32))
+        batch_size=setting(props, "batch_size", setting(props, "max_dynamic_batch_size", server.batch_size, where),
+                           where),
+        max_batch_delay_ms=setting(props, "max_batch_delay", server.max_batch_delay, where, minimum=0),
+        job_queue_size=setting(props, "job_queue_size", server.job_queue_size, where),
+        rolling=is_rolling(props.get("rolling_batch")),
+        max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where))
 
 
 class ModelExists(Exception):

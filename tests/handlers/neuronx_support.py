@@ -2,7 +2,7 @@
 
 ``neuronx_standin`` puts ``tests/handlers/standins`` on ``sys.path`` for one test and forgets the module
 afterwards, so no other test sees a ``transformers_neuronx`` (backend auto-detection looks for it).
-The drivers send exactly what DJLServing sends (``lmi_tools.djl_frontend``) through ``Handler``.
+The drivers send exactly what DJLServing sends (``lmi_tools.serving.worker.frontend``) through ``Handler``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from lmi_handlers.handler import Handler
-from lmi_handlers.protocol import binary_decode
-from lmi_tools.djl_frontend import RollingRequest, batch_input, init_input, request_input, rolling_step_input
+from lmi_tools.serving.worker.codec import binary_decode
+from lmi_tools.serving.worker.frontend import RollingRequest, batch_input, init_input, request_input, rolling_step_input
 
 STANDINS = Path(__file__).parent / "standins"
 JSON = [("Content-Type", "application/json")]
@@ -56,7 +56,7 @@ def neuronx_standin(monkeypatch: pytest.MonkeyPatch):
 def tiny_arch(tmp_path_factory: pytest.TempPathFactory):
     """``tiny_arch(model_type)``: the directory of a tiny random model of that architecture (built once)."""
     pytest.importorskip("torch")
-    from lmi_tools.tiny_model import build_tiny_arch
+    from lmi_tools.models.tiny import build_tiny_arch
 
     built: dict[str, Path] = {}
 

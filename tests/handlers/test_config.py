@@ -76,3 +76,24 @@ def test_backend_keys_are_known():
 def test_callables_from_the_engine_are_ignored(tmp_path):
     config = HandlerConfig.from_properties({"model_dir": str(tmp_path), "output_formatter": lambda x: x})
     assert config.output_formatter == ""
+
+
+def test_cuda_without_a_visible_device_is_a_config_error():
+    from types import SimpleNamespace
+
+    from lmi_handlers.backends.hf import resolve_device
+
+    no_gpu = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False))
+    with pytest.raises(ConfigError, match="option.device='cuda' is invalid: no CUDA device is visible"):
+        resolve_device(no_gpu, "cuda")
+    assert resolve_device(no_gpu, "auto") == "cpu"
+
+
+@pytest.mark.parametrize("value, rolling", [(None, False), ("", False), ("disable", False), (" Disable ", False),
+                                            ("scheduler", True), ("auto", True), ("tnx", True)])
+def test_one_rule_for_rolling_batch(tmp_path, value, rolling):
+    from lmi_handlers.config import is_rolling
+
+    assert is_rolling(value) is rolling
+    props = {"model_dir": str(tmp_path)} if value is None else {"model_dir": str(tmp_path), "rolling_batch": value}
+    assert HandlerConfig.from_properties(props).rolling is rolling  # the handler reads it the same way

@@ -1,5 +1,6 @@
 """The handler answers every Input layout DJLServing sends (reference/djl-contract.md §1.6-1.7, §2.3, §3, §4),
-driven through lmi_tools.djl_frontend exactly as the Java front end builds them. Scripted backend: no weights."""
+driven through lmi_tools.serving.worker.frontend exactly as the Java front end builds them. Scripted backend: no
+weights."""
 
 import importlib
 import json
@@ -7,7 +8,7 @@ import json
 import pytest
 
 from lmi_handlers.handler import Handler
-from lmi_tools.djl_frontend import (RollingBatchLoop, RollingRequest, batch_input, init_input, request_input)
+from lmi_tools.serving.worker.frontend import (RollingBatchLoop, RollingRequest, batch_input, init_input, request_input)
 
 JSON = [("Content-Type", "application/json")]
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from lmi_handlers.handler import Handler
-from lmi_tools.djl_frontend import RollingBatchLoop, RollingRequest, batch_input, init_input, request_input
+from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, batch_input, init_input, request_input
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -212,7 +212,7 @@ def test_rolling_batch_greedy_equals_generate_whenever_a_request_joins(tiny_mode
 def test_a_model_directory_answers_every_call_djl_sends(tiny_model_dir, tmp_path, reference):
     """The done-when of issue 2: serving.properties read as DJLServing reads it, then the init call, a single
     call, a dynamic batch and a streamed call, each built as the Java front end builds it."""
-    from lmi_tools.properties import read_serving_properties
+    from lmi_tools.modeldir.properties import read_serving_properties
 
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmi_tools.tiny_model import ARCHITECTURES
+from lmi_tools.models.tiny import ARCHITECTURES
 from .neuronx_support import PROMPTS, ask, ask_batch, ask_stream, load, run_rolling
 
 UNMASKED = ("gptj", "gpt_neox")
@@ -77,7 +77,7 @@ def test_sequences_use_all_of_n_positions(neuronx_standin, tiny_arch, reference,
 
 
 def test_prompt_beyond_n_positions_is_a_400(neuronx_standin, tiny_arch):
-    from lmi_tools.djl_frontend import request_input
+    from lmi_tools.serving.worker.frontend import request_input
     from .neuronx_support import JSON, body
 
     handler = load(tiny_arch("llama"), n_positions=16)
@@ -119,7 +119,7 @@ def test_tp_degree_max_takes_the_visible_cores(neuronx_standin, tiny_arch, monke
 
 def test_tp_beyond_the_visible_cores_fails_at_load(neuronx_standin, tiny_arch, monkeypatch):
     from lmi_handlers.handler import Handler
-    from lmi_tools.djl_frontend import init_input
+    from lmi_tools.serving.worker.frontend import init_input
 
     monkeypatch.setenv("NEURON_RT_VISIBLE_CORES", "0-1")
     handler = Handler()

@@ -17,10 +17,10 @@ ROLE = "arn:aws:iam::123456789012:role/SageMakerRole"
 NOW = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)
 
 
-def spec(**changes) -> lib.DeploySpec:
+def spec(**changes) -> lib.EndpointSpec:
     base = dict(artifact=f"s3://{BUCKET}/lmi/model.tar.gz", instance="ml.inf2.48xlarge", role=ROLE, name="llama",
                 region="us-east-1")
-    return lib.DeploySpec(**{**base, **changes})
+    return lib.EndpointSpec(**{**base, **changes})
 
 
 def describe(status, reason=None):

@@ -6,7 +6,7 @@ import types
 import pytest
 
 from lmi_tools.errors import UsageError
-from lmi_tools.sagemaker.hosting import HostingInstance, parse_any
+from lmi_tools.instances import INSTANCES, HostingInstance
 from lmi_tools.sagemaker.images import resolve_image, table_uri
 
 
@@ -70,13 +70,19 @@ def test_instances_without_an_lmi_image_are_refused(name, message):
 ])
 def test_accelerator_and_volume_rule(name, accelerator, volume):
     host = HostingInstance.parse(name)
-    assert (host.accelerator, host.accepts_volume_size) == (accelerator, volume)
+    assert (host.kind, host.accepts_volume_size) == (accelerator, volume)
 
 
 @pytest.mark.parametrize("name, volume", [("ml.m5.xlarge", True), ("ml.c5d.xlarge", False),
                                           ("ml.c6id.large", False), ("ml.r5.large", True)])
 def test_volume_rule_for_other_families(name, volume):
-    assert parse_any(name).accepts_volume_size is volume
+    assert HostingInstance.parse_any(name).accepts_volume_size is volume
+
+
+def test_every_size_in_the_table_is_a_hosting_instance_of_the_same_kind():
+    for name, instance in INSTANCES.items():
+        host = HostingInstance.parse(f"ml.{name}")
+        assert (host.family, host.kind) == (instance.family, instance.kind)
 
 
 def fake_sdk(monkeypatch, retrieve, module="sagemaker.image_uris"):

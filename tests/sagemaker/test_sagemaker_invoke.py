@@ -1,12 +1,14 @@
 """Line reassembly and token extraction for SageMaker response streams (no network: fake event streams)."""
 
+import io
 import json
 
 import pytest
 from botocore.exceptions import EventStreamError
 
+from lmi_tools.answers.messages import Api
 from lmi_tools.errors import ModelFailed
-from lmi_tools.sagemaker.invoke import TokenStream, answer_text, error_in, iter_lines, request_body
+from lmi_tools.sagemaker.invoke import TokenStream, invoke, request_body
 
 TOKENS = [" The", " qu\u00efck", " \u2014", " f\u00f6x \u2713", "!"]  # 2- and 3-byte characters
 JSONLINES = "".join(json.dumps({"token": {"id": i, "text": t, "log_prob": -0.5}}, ensure_ascii=False) + "\n"
@@ -31,8 +33,9 @@ class FakeBody:
         self.closed = True
 
 
-def stream(data: bytes, size: int, **kwargs) -> TokenStream:
-    return TokenStream({"Body": FakeBody(data, size, **kwargs), "ContentType": "application/jsonlines"})
+def stream(data: bytes, size: int, content_type: str = "application/jsonlines", api: Api = Api.SAGEMAKER,
+           **kwargs) -> TokenStream:
+    return TokenStream({"Body": FakeBody(data, size, **kwargs), "ContentType": content_type}, api)
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 5, 7, 64, len(JSONLINES)])
@@ -40,12 +43,11 @@ def test_lines_split_anywhere_across_parts_come_back_whole(size):
     tokens = stream(JSONLINES, size)
     assert list(tokens) == TOKENS
     assert tokens.text == "".join(TOKENS) and tokens.body.closed
-    assert tokens.last["token"]["text"] == "!"
+    assert tokens.answer.pieces[-1] == "!"
 
 
 def test_events_other_than_payload_parts_are_skipped():
-    body = FakeBody(JSONLINES, 4, extra_events=[{}, {"SomethingNew": {}}])
-    assert list(iter_lines(body)) == [line.decode() for line in JSONLINES.splitlines()]
+    assert list(stream(JSONLINES, 4, extra_events=[{}, {"SomethingNew": {}}])) == TOKENS
 
 
 def test_a_last_line_without_newline_is_flushed_when_complete():
@@ -94,35 +96,54 @@ def test_chat_chunks_as_server_sent_events():
               {"choices": [{"index": 0, "delta": {"content": "lo \u2713"}}]},
               {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": "length"}]}]
     data = b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
-    assert list(stream(data, 3)) == ["Hel", "lo \u2713"]
+    assert list(stream(data, 3, "text/event-stream", Api.OPENAI_CHAT)) == ["Hel", "lo \u2713"]
 
 
 def test_chat_chunks_as_jsonlines():
     data = b"".join(json.dumps({"choices": [{"delta": {"content": t}}]}).encode() + b"\n" for t in TOKENS)
-    assert "".join(stream(data, 4)) == "".join(TOKENS)
+    assert "".join(stream(data, 4, api=Api.OPENAI_CHAT)) == "".join(TOKENS)
+
+
+def test_a_whole_json_answer_to_a_stream_call_comes_at_once():
+    body = json.dumps({"generated_text": "all of it"}, indent=2).encode()  # DJL pretty-prints JSON answers
+    assert list(stream(body, 5, "application/json")) == ["all of it"]
+
+
+class FakeRuntime:
+    def __init__(self, body: bytes, content_type: str = "application/json"):
+        self.response = {"Body": io.BytesIO(body), "ContentType": content_type}
+
+    def invoke_endpoint(self, **kwargs):
+        return self.response
 
 
 @pytest.mark.parametrize("value, text", [
     ({"generated_text": "abc"}, "abc"),
-    ([{"generated_text": "abc"}], "abc"),
-    (["a", "b"], "a\nb"),
-    ({"choices": [{"message": {"role": "assistant", "content": "hi"}}]}, "hi"),
-    ({"token": {"text": "x"}, "generated_text": "whole"}, "x"),
-    ({"unknown": 1}, ""),
+    ([{"generated_text": "abc"}], "abc"),  # tgi_compat answers with a list
+    ({"choices": [{"message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}]}, "hi"),
 ])
-def test_answer_text(value, text):
-    assert answer_text(value) == text
+def test_whole_answers(value, text):
+    chat = "choices" in value if isinstance(value, dict) else False
+    reply = invoke(FakeRuntime(json.dumps(value).encode()), "e", request_body("p", chat=chat))
+    assert reply.text == text
 
 
 @pytest.mark.parametrize("value, found", [
-    ({"generated_text": "ok"}, None),
     ({"code": 400, "message": "Bad Request", "error": "inputs: expected a non-empty string"}, "inputs"),
     ({"error": {"message": "context too long"}}, "context too long"),
-    ({"details": {"finish_reason": "error"}}, "finish_reason"),
+    ({"generated_text": "", "details": {"finish_reason": "error"}}, "finish_reason=error"),
+    ({"code": 503, "type": "ServiceUnavailableException", "message": "busy"}, "ServiceUnavailableException: busy"),
 ])
-def test_error_in(value, found):
-    result = error_in(value)
-    assert result is None if found is None else found in result
+def test_errors_in_whole_answers(value, found):
+    with pytest.raises(ModelFailed, match="answered with an error") as info:
+        invoke(FakeRuntime(json.dumps(value).encode()), "e", request_body("p"))
+    assert found in str(info.value)
+
+
+def test_raw_returns_any_body_unread():
+    assert invoke(FakeRuntime(b"<html>", "text/html"), "e", request_body("p"), raw=True).text == "<html>"
+    with pytest.raises(ModelFailed, match="not JSON"):
+        invoke(FakeRuntime(b"<html>", "text/html"), "e", request_body("p"))
 
 
 def test_request_bodies():

@@ -27,7 +27,7 @@ def tarball(path):
 def deployed(aws, source, destination, name="tiny"):
     s3, sm = aws
     plan = upload(s3, plan_upload(source, destination))
-    spec = deploy_lib.DeploySpec(artifact=str(plan.uri), instance="ml.g4dn.xlarge", role=ROLE, name=name,
+    spec = deploy_lib.EndpointSpec(artifact=str(plan.uri), instance="ml.g4dn.xlarge", role=ROLE, name=name,
                                  region="us-east-1", environment={"OPTION_DTYPE": "fp32"})
     steps = []
     description = deploy_lib.deploy(sm, s3, deploy_lib.plan_deployment(spec), poll_s=0, on_step=steps.append)

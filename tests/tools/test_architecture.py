@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from lmi_tools.architecture import load_config, read_architecture
+from lmi_tools.models.architecture import load_config, read_architecture
 from lmi_tools.errors import UsageError
-from lmi_tools.resources import known_model_config
+from lmi_tools.modeldir.resources import known_model_config
 
 from .model_shapes import LLAMA_2_7B, LLAMA_2_13B, LLAMA_2_70B, PRESET_MODELS
 

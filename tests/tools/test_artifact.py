@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 import lmi_handlers
-from lmi_tools.artifact import inspect_artifact, member_problem, unpack
+from lmi_tools.packaging.artifact import inspect_artifact, member_problem, unpack
 from lmi_tools.errors import UsageError
-from lmi_tools.package import build
+from lmi_tools.packaging.package import build
 
 SHIM = "from lmi_handlers.entrypoint import handle  # noqa: F401\n"
 PROPERTIES = ("# lmi: instance_type=g5.xlarge\nengine=Python\noption.entryPoint=model.py\noption.backend=scripted\n"

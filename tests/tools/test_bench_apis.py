@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from lmi_tools.bench.apis import Api, RequestShape, build_body
-from lmi_tools.bench.records import RequestRecord
-from lmi_tools.bench.responses import ResponseReader, complete
+from lmi_tools.answers.messages import Api
+from lmi_tools.answers.reader import AnswerReader
+from lmi_tools.bench.apis import RequestShape, build_body
+from lmi_tools.bench.records import RequestRecord, complete
 
 
 def test_lmi_and_sagemaker_bodies():
@@ -39,7 +40,7 @@ def test_extra_body_merges_nested_objects():
 
 def read(api, content_type, chunks, status=200):
     """Feed chunks at t = 1, 2, 3...; finish at the next tick; return the completed record."""
-    reader = ResponseReader(api, content_type, status)
+    reader = AnswerReader(api, content_type, status)
     for i, chunk in enumerate(chunks, start=1):
         reader.feed(chunk, float(i))
     end = float(len(chunks) + 1)
@@ -177,7 +178,7 @@ def test_garbage_in_a_stream_is_an_error_not_a_crash():
 
 def test_a_transport_error_already_on_the_record_wins():
     record = RequestRecord(index=0, send=0.0, status=200, error="ClientPayloadError: connection reset")
-    reader = ResponseReader(Api.LMI, "application/jsonlines")
+    reader = AnswerReader(Api.LMI, "application/jsonlines")
     reader.feed(jsonlines({"token": {"text": "a"}}), 1.0)
     complete(record, reader.finish(2.0), 2.0)
     assert record.error.startswith("ClientPayloadError") and record.first_token is None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmi_tools.bench.apis import Api
+from lmi_tools.answers.messages import Api
 from lmi_tools.bench.targets import parse_target
 from lmi_tools.errors import UsageError
 

@@ -21,6 +21,13 @@ def run_lmi(*args: str, cwd: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=120)
 
 
+def test_every_command_is_registered_once():
+    from lmi_tools.cli import app
+
+    names = [command.name for command in app.registered_commands]
+    assert len(names) == len(set(names)) == 14
+
+
 def test_presets_lists_every_preset(capsys):
     assert main(["presets"]) == 0
     out = capsys.readouterr().out

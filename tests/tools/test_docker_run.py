@@ -93,7 +93,7 @@ def test_usage_errors(capsys, tmp_path):
     code, _, err = run(capsys, str(model_dir(tmp_path)), "--instance", "inf2.24xlarge", "--tp", "8", "--copies", "2")
     assert code == 3 and "use at most 1 copies" in err
     code, _, err = run(capsys, str(model_dir(tmp_path, tensor_parallel_degree="two")), "--instance", "inf2.xlarge")
-    assert code == 2 and "is not a number" in err
+    assert code == 2 and "option.tensor_parallel_degree='two' is invalid: expected an integer" in err
 
 
 def test_g5_gets_gpus(capsys, tmp_path):

@@ -13,7 +13,7 @@ import pytest
 
 import lmi_handlers
 from lmi_tools.errors import UsageError, ValidationFailed
-from lmi_tools.package import DEFAULT_MTIME, PackagingError, build, collect, write_tarball
+from lmi_tools.packaging.package import DEFAULT_MTIME, PackagingError, build, collect, write_tarball
 
 SHIM = "from lmi_handlers.entrypoint import handle  # noqa: F401\n"
 PROPERTIES = ("# lmi: instance_type=g5.xlarge\nengine=Python\noption.entryPoint=model.py\noption.backend=scripted\n"

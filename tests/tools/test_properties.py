@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from lmi_tools.errors import UsageError
-from lmi_tools.properties import (
+from lmi_tools.modeldir.properties import (
     format_value, init_properties, parse_directives, parse_properties, read_serving_properties, with_environment,
 )
 

@@ -9,11 +9,11 @@ import pytest
 
 from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
 from lmi_tools.errors import UsageError
-from lmi_tools.properties import parse_directives, read_serving_properties
-from lmi_tools.render import environment, render_files, write_model_dir
-from lmi_tools.resources import preset_names, preset_spec
-from lmi_tools.spec import load_spec, parse_spec
-from lmi_tools.target import backend_option_keys
+from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
+from lmi_tools.modeldir.render import environment, render_files, write_model_dir
+from lmi_tools.modeldir.resources import preset_names, preset_spec
+from lmi_tools.modeldir.spec import load_spec, parse_spec
+from lmi_tools.validation.runtime import backend_option_keys
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lmi_tools.spec import tomllib
+from lmi_tools.modeldir.spec import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ("pyproject.toml", "README.md", "lmi_handlers", "lmi_tools", "model_templates", "serving_properties")
@@ -70,7 +70,7 @@ def test_installed_wheel_finds_its_data(wheel, tmp_path):
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
                    check=True, capture_output=True, timeout=300)
-    script = ("from lmi_tools.resources import preset_names, resource_dir\n"
+    script = ("from lmi_tools.modeldir.resources import preset_names, resource_dir\n"
               "print(resource_dir('model_templates'))\nprint(len(preset_names()))\n")
     env = {**os.environ, "PYTHONPATH": str(site)}
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,

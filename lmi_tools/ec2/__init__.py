@@ -1,0 +1,1 @@
+"""Running on an EC2 host: the ``docker run`` line for the LMI images."""

@@ -1,0 +1,187 @@
+"""The deployment spec: the one file a user edits; ``lmi render`` turns it into a model directory.
+
+A spec is TOML (``*.toml``, read with ``tomllib``) or JSON (``*.json``) with the fields of
+``DeploySpec``. Extra ``option.*`` keys go in an ``[options]`` table and extra model-server keys
+(``job_queue_size``, ...) in ``[server]``; both are checked against the keys the runtime and
+DJLServing know, so a typo fails here rather than as a warning in the container log.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
+
+from ..errors import UsageError
+from ..instances import INSTANCES, lookup
+from ..validation.runtime import backend_option_keys
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 uses the backport declared in pyproject.toml
+    import tomli as tomllib
+
+# DJLServing's model-level settings: written without the ``option.`` prefix.
+SERVER_ONLY_KEYS = frozenset({
+    "job_queue_size", "max_idle_time", "minWorkers", "maxWorkers", "gpu.minWorkers", "gpu.maxWorkers",
+    "cpu.minWorkers", "cpu.maxWorkers", "nc.minWorkers", "nc.maxWorkers", "load_on_devices",
+    "retry_threshold", "log_request_metric", "metrics_aggregation",
+})
+# Set by DJLServing's Python engine itself, never by a user.
+ENGINE_SET_KEYS = frozenset({"model_dir", "device_id", "cluster_size", "requestId", "recommended_entry_point"})
+# Fields of the spec that own an option: [options] must not set them a second time.
+FIELD_OPTIONS = frozenset({
+    "model_id", "backend", "tensor_parallel_degree", "n_positions", "max_model_len", "dtype", "rolling_batch",
+    "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "batch_size", "model_loading_timeout",
+    "predict_timeout", "output_formatter", "max_new_tokens", "quantize", "trust_remote_code", "revision",
+    "entryPoint", "engine", "max_batch_delay",
+})
+OptionValue = Union[bool, int, float, str, list[int]]
+
+
+class DeploySpec(BaseModel):
+    """What to serve, where and how; every field maps to one ``serving.properties`` line.
+
+    Example (TOML)::
+
+        model_id = "facebook/opt-13b"
+        instance_type = "inf2.48xlarge"
+        tensor_parallel_degree = 8
+        n_positions = 256
+        batch_size = 2
+        dtype = "fp16"
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    #: One line shown in the rendered file's header.
+    description: str = ""
+    #: Hugging Face hub id, ``s3://`` prefix, or a local directory (relative paths are resolved against
+    #: the model directory, as the runtime does). Omit it when the weights sit in the model directory.
+    model_id: str | None = None
+    #: EC2/SageMaker instance type (``ml.`` prefix allowed), see ``lmi_tools/instances.py``.
+    instance_type: str
+    #: ``auto`` picks neuronx on Inferentia2/Trainium and hf on GPUs; the rendered file names it.
+    backend: Literal["auto", "neuronx", "hf", "scripted"] = "auto"
+    tensor_parallel_degree: int = Field(1, ge=1)
+    #: Longest prompt + output in tokens: ``option.n_positions`` (neuronx) or ``option.max_model_len`` (hf).
+    n_positions: int | None = Field(None, ge=1)
+    #: Dynamic batching: requests per handler call (not with rolling batch).
+    batch_size: int = Field(1, ge=1, le=999)
+    #: Milliseconds DJLServing waits to fill a dynamic batch.
+    max_batch_delay: int = Field(100, ge=0)
+    #: Continuous batching (``option.rolling_batch=scheduler``) with up to ``max_rolling_batch_size`` sequences.
+    rolling_batch: bool = False
+    max_rolling_batch_size: int = Field(32, ge=1, le=999)
+    max_rolling_batch_prefill_tokens: int | None = Field(None, ge=1)
+    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    #: int8 weights (neuronx only).
+    quantize: Literal["static_int8"] | None = None
+    #: Seconds for loading (and, on Neuron, compiling) the model, and for each request or rolling step.
+    model_loading_timeout: int = Field(1800, ge=1)
+    predict_timeout: int = Field(240, ge=1)
+    #: Response format; unset means per request (stream flag and Accept header).
+    output_formatter: str | None = None
+    max_new_tokens: int | None = Field(None, ge=1)
+    trust_remote_code: bool = False
+    revision: str | None = None
+    #: Extra ``option.*`` keys (e.g. ``context_length_estimate = [256, 512]``).
+    options: dict[str, OptionValue] = Field(default_factory=dict)
+    #: Extra model-server keys (e.g. ``job_queue_size = 100``).
+    server: dict[str, OptionValue] = Field(default_factory=dict)
+    #: Lines of the rendered requirements.txt (DJLServing pip-installs it when a worker starts).
+    requirements: list[str] = Field(default_factory=list)
+
+    @field_validator("instance_type")
+    @classmethod
+    def _known_instance(cls, value: str) -> str:
+        if value.removeprefix("ml.") not in INSTANCES:
+            raise ValueError(f"unknown instance type; known: {', '.join(sorted(INSTANCES))}")
+        return value
+
+    @field_validator("output_formatter")
+    @classmethod
+    def _formatter(cls, value: str | None) -> str | None:
+        if value is not None and value not in OUTPUT_FORMATTERS:
+            raise ValueError(f"allowed values are {', '.join(OUTPUT_FORMATTERS)}")
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "DeploySpec":
+        if self.rolling_batch and self.batch_size > 1:
+            raise ValueError("batch_size > 1 (dynamic batching) cannot be combined with rolling_batch = true")
+        kind = lookup(self.instance_type).kind
+        if self.backend == "neuronx" and kind != "neuron":
+            raise ValueError(f"backend neuronx needs an Inferentia2/Trainium instance, not {self.instance_type}")
+        if self.quantize and self.resolved_backend != "neuronx":
+            raise ValueError("quantize is supported by the neuronx backend only")
+        backend_keys = {b: backend_option_keys(b) - HANDLER_KEYS for b in ("neuronx", "scripted")}
+        option_keys = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
+        _check_keys(self.options, option_keys.union(*backend_keys.values()), "options")
+        _check_keys(self.server, SERVER_ONLY_KEYS, "server")
+        for backend, keys in backend_keys.items():
+            foreign = sorted(set(self.options) & keys)
+            if foreign and self.resolved_backend != backend:
+                raise ValueError(f"options {', '.join(foreign)} are read by the {backend} backend only, and this "
+                                 f"spec uses {self.resolved_backend}")
+        return self
+
+    @property
+    def resolved_backend(self) -> str:
+        if self.backend != "auto":
+            return self.backend
+        return "neuronx" if lookup(self.instance_type).kind == "neuron" else "hf"
+
+    @property
+    def positions_key(self) -> str:
+        return "n_positions" if self.resolved_backend == "neuronx" else "max_model_len"
+
+
+def _check_keys(table: dict[str, Any], known: frozenset[str], name: str) -> None:
+    for key in table:
+        if key in FIELD_OPTIONS:
+            raise ValueError(f"{name}.{key}: set it with the spec field {key!r} instead")
+        if key not in known:
+            guess = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.7)
+            hint = f"; did you mean {guess[0]!r}?" if guess else ""
+            raise ValueError(f"{name}.{key} is not a key lmi_handlers or DJLServing reads{hint}")
+
+
+def load_spec(path: str | Path) -> DeploySpec:
+    """Read and check a spec; every problem is a ``UsageError`` naming the field."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read spec {path}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        kind = "JSON" if path.suffix == ".json" else "TOML"
+        raise UsageError(f"{path} is not valid {kind}: {exc}",
+                         hint="specs are TOML (*.toml) or JSON (*.json)") from None
+    return parse_spec(data, str(path))
+
+
+def parse_spec(data: Any, source: str = "spec") -> DeploySpec:
+    try:
+        return DeploySpec.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(error) for error in exc.errors())
+        raise UsageError(f"{source}: {problems}", hint="the spec fields are listed in docs/configuration.md") from None
+
+
+def _describe(error: Any) -> str:
+    field = ".".join(str(p) for p in error["loc"])
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "is not a spec field"
+    value = error.get("input")
+    shown = f" (got {value!r})" if error["type"] != "extra_forbidden" and not isinstance(value, dict) else ""
+    return f"{field}: {message}{shown}" if field else message

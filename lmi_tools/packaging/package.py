@@ -1,0 +1,227 @@
+"""``lmi package``: a model directory plus the vendored runtime, as a reproducible ``model.tar.gz``.
+
+The artifact holds every file of the model directory (caches and VCS folders left out) and the
+``lmi_handlers`` package beside ``model.py``, so the container runs exactly the code that was
+tested. The bytes depend only on the file names and contents: entries sorted, fixed mtime
+(``SOURCE_DATE_EPOCH`` or 1980-01-01), uid/gid 0 with no owner names, normalized modes and a
+gzip header without name or time. The same files always give the same sha256.
+
+Links that leave the directory and files that look like credentials (``credentials.py``) are
+refused, all of them listed in one error. ``write_tree`` lays the same files out as plain files for
+an uncompressed S3 upload (SageMaker ``CompressionType: None``): no links, no empty folders.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import os
+import shutil
+import tarfile
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import ToolError, UsageError
+from .credentials import credential_reason
+
+RUNTIME_PACKAGE = "lmi_handlers"
+EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".ipynb_checkpoints", ".pytest_cache", ".mypy_cache",
+                 ".ruff_cache"}
+EXCLUDED_FILES = {".DS_Store", "Thumbs.db"}
+EXCLUDED_SUFFIXES = {".pyc", ".pyo"}
+# 1980-01-01T00:00:00Z: zip's epoch, a date every archive tool accepts.
+DEFAULT_MTIME = 315532800
+
+
+class PackagingError(ToolError):
+    """The model directory cannot be packaged as it is."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One file of the artifact: its POSIX path inside, and where its bytes come from."""
+
+    name: str
+    source: Path
+
+    @property
+    def mode(self) -> int:
+        return 0o755 if self.source.stat().st_mode & 0o111 else 0o644
+
+
+def fixed_mtime() -> int:
+    value = os.environ.get("SOURCE_DATE_EPOCH", "")
+    if not value:
+        return DEFAULT_MTIME
+    if not value.isdigit():
+        raise UsageError(f"SOURCE_DATE_EPOCH={value!r} is not a number of seconds")
+    return int(value)
+
+
+def _inside(root: Path, path: Path) -> bool:
+    return path == root or root in path.parents
+
+
+def model_entries(model_dir: Path, skip: tuple[Path, ...] = ()) -> tuple[list[Entry], list[str]]:
+    """The files to ship, and the problems (escaping or broken links, special files) found on the way."""
+    root = model_dir.resolve()
+    entries: list[Entry] = []
+    problems: list[str] = []
+    skipped = {p.resolve() for p in skip}
+
+    def walk(directory: Path, prefix: str, chain: frozenset[Path]) -> None:
+        for child in sorted(directory.iterdir(), key=lambda p: p.name):
+            rel = prefix + child.name
+            if child.name in EXCLUDED_FILES or child.suffix in EXCLUDED_SUFFIXES or child.resolve() in skipped:
+                continue
+            if not prefix and child.name == RUNTIME_PACKAGE:
+                continue  # replaced by the vendored runtime
+            target = child
+            if child.is_symlink():
+                target = child.resolve()
+                if not target.exists():
+                    problems.append(f"{rel}: broken symbolic link to {os.readlink(child)}")
+                    continue
+                if not _inside(root, target):
+                    problems.append(f"{rel}: symbolic link to {os.readlink(child)} points outside the model directory")
+                    continue
+            if target.is_dir():
+                if child.name in EXCLUDED_DIRS:
+                    continue
+                real = target.resolve()
+                if real in chain:
+                    problems.append(f"{rel}: symbolic link loops back to {real}")
+                    continue
+                walk(target, rel + "/", chain | {real})
+            elif target.is_file():
+                entries.append(Entry(rel, target))
+            else:
+                problems.append(f"{rel}: not a regular file (device, socket or pipe)")
+
+    walk(root, "", frozenset({root}))
+    return entries, problems
+
+
+def runtime_entries() -> list[Entry]:
+    """``lmi_handlers``' Python files, from wherever it is imported (checkout or installed wheel)."""
+    import lmi_handlers
+
+    package = Path(lmi_handlers.__file__).resolve().parent
+    files = [p for p in package.rglob("*.py") if "__pycache__" not in p.parts]
+    return [Entry(f"{RUNTIME_PACKAGE}/{p.relative_to(package).as_posix()}", p) for p in sorted(files)]
+
+
+def credential_problems(entries: list[Entry]) -> list[str]:
+    problems = []
+    for entry in entries:
+        reason = credential_reason(entry.name, entry.source)
+        if reason:
+            problems.append(f"{entry.name}: looks like a credential ({reason})")
+    return problems
+
+
+def collect(model_dir: Path, skip: tuple[Path, ...] = ()) -> list[Entry]:
+    """Model files plus the runtime, sorted; every problem is reported in one ``PackagingError``."""
+    if not (model_dir / "serving.properties").is_file():
+        raise UsageError(f"{model_dir} has no serving.properties", hint="lmi new / lmi render write one")
+    entries, problems = model_entries(model_dir, skip)
+    problems += credential_problems(entries)
+    if problems:
+        listing = "\n  ".join(problems)
+        raise PackagingError(f"refusing to package {model_dir}:\n  {listing}",
+                             hint="remove these files (or the links) from the model directory; keep credentials "
+                                  "in the environment or an IAM role, never in the artifact")
+    return sorted(entries + runtime_entries(), key=lambda e: e.name)
+
+
+def write_tarball(entries: list[Entry], output: Path, mtime: int | None = None) -> str:
+    """Write ``entries`` as a reproducible ``.tar.gz``; returns its sha256."""
+    mtime = fixed_mtime() if mtime is None else mtime
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=mtime,
+                                                       compresslevel=6) as gz:
+            with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+                for entry in sorted(entries, key=lambda e: e.name):
+                    _add(tar, entry, mtime)
+        os.replace(tmp, output)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return sha256_of(output)
+
+
+def _add(tar: tarfile.TarFile, entry: Entry, mtime: int) -> None:
+    info = tarfile.TarInfo(entry.name)
+    info.size = entry.source.stat().st_size
+    info.mtime, info.mode, info.type = mtime, entry.mode, tarfile.REGTYPE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    with entry.source.open("rb") as handle:
+        tar.addfile(info, handle)
+
+
+def write_tree(entries: list[Entry], out_dir: Path) -> None:
+    """The same files as plain files under ``out_dir`` (which must be new or empty)."""
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise UsageError(f"{out_dir} is not empty", hint="give a new or empty folder for the uncompressed layout")
+    for entry in entries:
+        target = out_dir / entry.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(entry.source, target)
+        target.chmod(entry.mode)
+
+
+@dataclass
+class Artifact:
+    """What ``build`` wrote."""
+
+    files: list[Entry]
+    total_bytes: int
+    tarball: Path | None = None
+    sha256: str | None = None
+    tree: Path | None = None
+    #: The model directory had its own lmi_handlers/, replaced by the vendored copy.
+    replaced_runtime: bool = False
+    warnings: list[str] = field(default_factory=list)
+
+
+def build(model_dir: Path, output: Path | None, tree: Path | None, validate: bool = True,
+          instance: str | None = None, config: Path | None = None) -> Artifact:
+    """Validate (unless told not to), collect, then write the tarball and/or the uncompressed tree."""
+    if output is None and tree is None:
+        raise UsageError("nothing to write", hint="pass -o model.tar.gz and/or --uncompressed DIR")
+    warnings: list[str] = []
+    if validate:
+        warnings = _validated(model_dir, instance, config)
+    entries = collect(model_dir, skip=tuple(p for p in (output, tree) if p is not None))
+    artifact = Artifact(files=entries, total_bytes=sum(e.source.stat().st_size for e in entries),
+                        replaced_runtime=(model_dir / RUNTIME_PACKAGE).is_dir(), warnings=warnings)
+    if output is not None:
+        artifact.tarball, artifact.sha256 = output, write_tarball(entries, output)
+    if tree is not None:
+        write_tree(entries, tree)
+        artifact.tree = tree
+    return artifact
+
+
+def _validated(model_dir: Path, instance: str | None, config: Path | None) -> list[str]:
+    from ..errors import ValidationFailed
+    from ..validation.validate import validate_model_dir
+
+    report = validate_model_dir(model_dir, instance, config)
+    if not report.ok:
+        listing = "\n  ".join(f"{f.check}: {f.message}" + (f" ({f.hint})" if f.hint else "") for f in report.errors)
+        raise ValidationFailed(f"{model_dir} does not validate:\n  {listing}",
+                               hint="fix these (lmi validate shows the details), or pass --no-validate")
+    return [f"{f.check}: {f.message}" for f in report.warnings]
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

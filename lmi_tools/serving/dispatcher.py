@@ -1,0 +1,335 @@
+"""One served model: its worker process, its job queue and the loop that feeds the worker.
+
+A dispatcher thread owns the worker and runs the loop DJLServing runs for the model:
+
+* plain models: DJL's batch aggregator - take one job, drain up to ``batch_size - 1`` more, keep
+  polling until the batch is full or ``max_batch_delay`` (ms) is spent - then one call, one item per
+  request (a single request is sent unwrapped);
+* rolling batch: the step loop of ``RollingBatchLoop``, admitting queued requests while there is room.
+
+HTTP handlers submit a ``PendingRequest`` and read its events (``Start``, ``Chunk``, ``End``) from an
+asyncio queue; the thread pushes them with ``call_soon_threadsafe``. A full queue (``job_queue_size``)
+answers 503 at once. A worker that dies or times out is killed and restarted; the requests it had
+get a 503, the others carry on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import logging
+import queue
+import random
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lmi_handlers.protocol import Input
+
+from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
+from .worker.codec import OutputHeader, StreamBroken
+from .worker.frontend import RollingBatchLoop, RollingRequest, StepItem, batch_input
+
+logger = logging.getLogger("lmi.model")
+BATCH_KEY = re.compile(r"batch_(\d+)\.(.*)")
+JSON = {"content-type": "application/json"}
+
+
+class Status(str, enum.Enum):
+    PENDING = "PENDING"
+    READY = "READY"
+    FAILED = "FAILED"
+
+
+@dataclass
+class Start:
+    code: int
+    headers: dict[str, str]
+
+
+@dataclass
+class Chunk:
+    data: bytes
+    #: The answer ends with this chunk (so it can be sent as one body with content-length).
+    final: bool = False
+
+
+@dataclass
+class End:
+    #: Set when the response failed after it started (a mid-stream error).
+    error: str | None = None
+
+
+class PendingRequest:
+    """One HTTP request waiting for, or receiving, its answer."""
+
+    def __init__(self, inputs: Input, loop: asyncio.AbstractEventLoop):
+        self.input = inputs
+        self.loop = loop
+        self.events: asyncio.Queue[Start | Chunk | End] = asyncio.Queue()
+        self.started = False
+        self.cancelled = False  # the client went away
+        self.enqueued_at = time.monotonic()
+
+    def emit(self, event: Start | Chunk | End) -> None:
+        if isinstance(event, Start):
+            self.started = True
+        self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+
+    def answer(self, code: int, headers: dict[str, str], body: bytes) -> None:
+        self.emit(Start(code, headers))
+        self.emit(Chunk(body, final=True) if body else End())
+
+    def fail(self, code: int, message: str, kind: str = "ServiceUnavailableException") -> None:
+        """End the request with an error: a DJL error body if nothing was sent yet, else a final error line."""
+        if not self.started:
+            body = {"code": code, "type": kind, "message": message}
+            self.answer(code, dict(JSON), json.dumps(body).encode())
+        else:
+            self.emit(Chunk(json.dumps({"code": code, "error": message}).encode() + b"\n"))
+            self.emit(End(message))
+
+
+@dataclass
+class ModelSettings:
+    """The front-end settings of one model (from serving.properties, SERVING_* and defaults)."""
+
+    worker: WorkerSettings
+    batch_size: int = 1
+    max_batch_delay_ms: int = 100
+    job_queue_size: int = 1000
+    rolling: bool = False
+    max_rolling_batch_size: int = 32
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class QueueFull(Exception):
+    pass
+
+
+class ServedModel:
+    """One model's job queue and the dispatcher thread that feeds its worker (``worker``: tests pass a fake)."""
+
+    def __init__(self, name: str, url: str, settings: ModelSettings, worker: Worker | None = None):
+        self.name, self.url, self.settings = name, url, settings
+        self.status = Status.PENDING
+        self.failure: str | None = None
+        self.worker = worker or Worker(name, settings.worker)
+        self.jobs: queue.Queue[PendingRequest] = queue.Queue(maxsize=settings.job_queue_size)
+        self.restarts = 0
+        self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"model-{name}", daemon=True)
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def wait_loaded(self, timeout: float | None = None) -> bool:
+        return self._ready.wait(timeout)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.worker.stop()
+        while not self.jobs.empty():
+            self.jobs.get_nowait().fail(503, f"model {self.name} was unloaded")
+
+    def submit(self, pending: PendingRequest) -> None:
+        try:
+            self.jobs.put_nowait(pending)
+        except queue.Full:
+            raise QueueFull(f"model {self.name}: job queue is full ({self.settings.job_queue_size} requests); "
+                            "retry later") from None
+
+    def describe(self) -> dict[str, Any]:
+        worker = {"id": self.worker.pid, "status": "READY" if self.status is Status.READY else self.status.value,
+                  "restarts": self.restarts}
+        info = {"modelName": self.name, "modelUrl": self.url, "status": self.status.value,
+                "batchSize": self.settings.batch_size, "maxBatchDelayMillis": self.settings.max_batch_delay_ms,
+                "queueSize": self.settings.job_queue_size, "queueLength": self.jobs.qsize(),
+                "rollingBatch": self.settings.rolling, "maxRollingBatchSize": self.settings.max_rolling_batch_size,
+                "activeRequests": len(self.rolling_batch.active),
+                "workerGroups": [{"workers": [worker]}]}
+        if self.failure:
+            info["error"] = self.failure
+        return info
+
+    def _load(self) -> bool:
+        self.status = Status.PENDING
+        try:
+            self.worker.start()
+        except LoadFailed as exc:
+            self.status, self.failure = Status.FAILED, str(exc)
+            logger.error("[%s] %s", self.name, exc)
+            return False
+        self.status, self.failure = Status.READY, None
+        return True
+
+    def _run(self) -> None:
+        loaded = self._load()
+        self._ready.set()
+        if not loaded:
+            self._drain_failed()
+            return
+        step = self._rolling_step if self.settings.rolling else self._plain_step
+        while not self._stop.is_set():
+            step()
+
+    def _drain_failed(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.jobs.get(timeout=0.2).fail(503, f"model {self.name} failed to load: {self.failure}")
+            except queue.Empty:
+                pass
+
+    def _recover(self, reason: str) -> None:
+        logger.warning("[%s] %s", self.name, reason)
+        self.restarts += 1
+        if not self._load():
+            self._drain_failed()
+
+    def _next_job(self, timeout: float) -> PendingRequest | None:
+        try:
+            job = self.jobs.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if job.cancelled:
+            job.answer(499, dict(JSON), b"")
+            return None
+        return job
+
+    # --- plain models: dynamic batching -----------------------------------------------------
+
+    def _plain_step(self) -> None:
+        first = self._next_job(0.2)
+        if first is None:
+            return
+        batch = [first]
+        deadline = time.monotonic() + self.settings.max_batch_delay_ms / 1000
+        while len(batch) < self.settings.batch_size:
+            job = self._next_job(max(0.0, deadline - time.monotonic()))
+            if job is not None:
+                batch.append(job)
+            elif time.monotonic() >= deadline:
+                break
+        try:
+            header = self.worker.predict(batch_input([job.input for job in batch]))
+            self._deliver(batch, header)
+        except WorkerDied as exc:
+            for job in batch:
+                job.fail(503, f"model {self.name}: {exc}")
+            self._recover(str(exc))
+
+    def _deliver(self, batch: list[PendingRequest], header: OutputHeader) -> None:
+        headers = {k: str(v) for k, v in header.properties.items()}
+        if header.is_stream:
+            if len(batch) != 1:
+                for _ in self.worker.stream():
+                    pass
+                for job in batch:
+                    job.fail(400, "Batch output size mismatch: a streamed output answers one request", "TranslateException")
+                return
+            self._relay_stream(batch[0], header.code, headers)
+            return
+        assert header.content is not None
+        if len(batch) == 1 or header.code >= 300:
+            body = bytes(_body(header)) if header.content.size() else b""
+            for job in batch:
+                job.answer(header.code, headers, body)
+            return
+        items = _batch_items(header, len(batch))
+        if items is None:
+            for job in batch:
+                job.fail(400, f"Batch output size mismatch: {header.content.size()} items for {len(batch)} "
+                              "requests", "TranslateException")
+            return
+        for job, body in zip(batch, items):
+            job.answer(header.code, headers, body)
+
+    def _relay_stream(self, job: PendingRequest, code: int, headers: dict[str, str]) -> None:
+        job.emit(Start(code, headers))
+        try:
+            for chunk in self.worker.stream():
+                if not job.cancelled:
+                    job.emit(Chunk(chunk))
+        except StreamBroken as exc:
+            job.fail(424, str(exc))
+            return
+        except WorkerDied as exc:
+            job.fail(503, f"model {self.name}: {exc}")
+            self._recover(str(exc))
+            return
+        job.emit(End())
+
+    # --- rolling batch ----------------------------------------------------------------------
+
+    def _rolling_step(self) -> None:
+        loop = self.rolling_batch
+        while loop.room:
+            job = self._next_job(0.0 if loop.active else 0.2)
+            if job is None:
+                break
+            loop.add(RollingRequest(job.input, seed=random.randrange(2**31), key=job))
+        # A request that was never sent can simply leave; a running one is cancelled in the handler.
+        loop.active = [r for r in loop.active if r.started or not r.key.cancelled]
+        for request in loop.active:
+            request.cancelled = request.key.cancelled
+        if not loop.active:
+            return
+        try:
+            header = self.worker.predict(loop.next_input())
+            if header.is_stream:
+                raise WorkerDied("the handler streamed an answer to a rolling-batch step")
+            assert header.content is not None
+            items = loop.apply(header.code, header.properties,
+                               [header.content.value_at(i) for i in range(header.content.size())])
+        except WorkerDied as exc:
+            for item in loop.fail_all(503, f"model {self.name}: {exc}"):
+                item.request.key.fail(503, item.error or "worker died")
+            self._recover(str(exc))
+            return
+        for item in items:
+            self._deliver_step(item)
+
+    def _deliver_step(self, item: StepItem) -> None:
+        job: PendingRequest = item.request.key
+        if item.code is not None:
+            # Java sets this status if nothing was sent yet, and appends the error as the last chunk.
+            if not job.started:
+                job.emit(Start(item.code, {"content-type": "application/json"}))
+                job.emit(Chunk(json.dumps({"code": item.code, "error": item.error}).encode(), final=True))
+            else:
+                job.fail(item.code, item.error or "")
+            return
+        if not job.started and (item.data or item.last):
+            job.emit(Start(200, dict(item.headers)))
+        if item.data:
+            job.emit(Chunk(item.data.encode("utf-8"), final=item.last))
+        elif item.last:
+            job.emit(End())
+
+
+def _body(header: OutputHeader) -> bytes:
+    """DJL sends the item named ``data``, else the first one."""
+    assert header.content is not None
+    body = header.content.get("data")
+    return bytes(body if body is not None else header.content.value_at(0))
+
+
+def _batch_items(header: OutputHeader, size: int) -> list[bytes] | None:
+    assert header.content is not None
+    items: dict[int, bytes] = {}
+    for i in range(header.content.size()):
+        match = BATCH_KEY.fullmatch(header.content.key_at(i) or "")
+        if match is None:
+            return None
+        items[int(match.group(1))] = bytes(header.content.value_at(i))
+    if sorted(items) != list(range(size)):
+        return None
+    return [items[i] for i in range(size)]

@@ -1,0 +1,38 @@
+"""DJLServing's inference API: ``GET /ping``, ``POST /predictions/{model}[/{version}]``,
+``POST /models/{model}/invoke``, ``POST /invocations`` and ``POST /v1/chat/completions``."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from ..dispatcher import Status
+from .relay import RAW_BODY, HttpError, Store, answer, named, submit
+
+router = APIRouter(tags=["inference"])
+
+
+@router.get("/ping")
+async def ping(store: Store) -> JSONResponse:
+    statuses = {name: m.status for name, m in store.models.items()}
+    healthy = all(s is Status.READY for s in statuses.values())
+    body = {name: {"status": "Healthy" if s is Status.READY else s.value} for name, s in statuses.items()}
+    return JSONResponse(body, status_code=200 if healthy else 503)
+
+
+@router.post("/predictions/{model_name}", openapi_extra=RAW_BODY)
+@router.post("/predictions/{model_name}/{version}", openapi_extra=RAW_BODY)
+@router.post("/models/{model_name}/invoke", openapi_extra=RAW_BODY)
+async def predictions(request: Request, store: Store, model_name: str) -> Response:
+    return await answer(await submit(request, store, named(store, model_name)))
+
+
+@router.post("/invocations", openapi_extra=RAW_BODY)
+@router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
+async def invocations(request: Request, store: Store) -> Response:
+    name = request.query_params.get("model_name") or request.headers.get("model_name")
+    if name is None:
+        if len(store.models) != 1:
+            raise HttpError(400, "BadRequestException", "Parameter model_name is required.")
+        name = next(iter(store.models))
+    return await answer(await submit(request, store, named(store, name)))

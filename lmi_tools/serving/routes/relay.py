@@ -1,0 +1,121 @@
+"""What every router shares: DJL's error shape, the request -> dispatcher hand-off, and the answer relay.
+
+``submit`` turns an HTTP request into the ``Input`` Java would build and queues it on the model's
+dispatcher; ``answer`` turns the request's events (``Start``, ``Chunk``, ``End``) back into a response:
+a complete answer goes out with content-length, anything else streams as it arrives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Annotated, AsyncIterator
+
+from fastapi import Depends, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from ..dispatcher import Chunk, End, PendingRequest, QueueFull, ServedModel, Start, Status
+from ..store import ModelStore
+from ..worker.frontend import request_input
+
+NO_CACHE = {"Pragma": "no-cache", "Cache-Control": "no-cache; no-store, must-revalidate, private",
+            "Expires": "Thu, 01 Jan 1970 00:00:00 UTC"}
+RAW_BODY = {"requestBody": {"content": {"application/json": {"schema": {"type": "object"}},
+                                        "text/plain": {"schema": {"type": "string"}}}}}
+
+
+class HttpError(Exception):
+    def __init__(self, code: int, kind: str, message: str):
+        super().__init__(message)
+        self.code, self.kind, self.message = code, kind, message
+
+
+def djl_error(code: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse({"code": code, "type": kind, "message": message}, status_code=code)
+
+
+def _store(request: Request) -> ModelStore:
+    return request.app.state.store
+
+
+#: The server's model store, as a route parameter.
+Store = Annotated[ModelStore, Depends(_store)]
+
+
+def named(store: ModelStore, name: str, ready: bool = True) -> ServedModel:
+    model = store.get(name)
+    if model is None:
+        raise HttpError(404, "ModelNotFoundException", f"Model not found: {name}")
+    if ready and model.status is not Status.READY:
+        detail = f": {model.failure}" if model.failure else ""
+        raise HttpError(503, "ServiceUnavailableException", f"Model {name} is not ready ({model.status.value}{detail})")
+    return model
+
+
+async def submit(request: Request, store: ModelStore, model: ServedModel, sagemaker: bool = False) -> PendingRequest:
+    body = await _read_body(request, store.server.max_request_size)
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+    if any(k.lower() == "handler" for k, _ in headers) and os.environ.get(
+            "ALLOW_REQUEST_HANDLER_OVERRIDE", "").lower() != "true":
+        raise HttpError(400, "BadRequestException", "The handler can't be overridden in a request")
+    if sagemaker:  # the streaming call sends Accept as X-Amzn-SageMaker-Accept
+        accept = request.headers.get("x-amzn-sagemaker-accept")
+        headers = [(k, v) for k, v in headers if k.lower() != "accept"] + ([("Accept", accept)] if accept else [])
+    pending = PendingRequest(request_input(headers, body, list(request.query_params.multi_items())),
+                             asyncio.get_running_loop())
+    try:
+        model.submit(pending)
+    except QueueFull as exc:
+        raise HttpError(503, "ServiceUnavailableException", str(exc)) from None
+    return pending
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > limit:
+        raise HttpError(413, "BadRequestException", f"request body of {declared} bytes exceeds max_request_size "
+                                                     f"({limit} bytes)")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > limit:
+            raise HttpError(413, "BadRequestException", f"request body exceeds max_request_size ({limit} bytes)")
+    return bytes(body)
+
+
+def _response_headers(pending: PendingRequest, start: Start) -> dict[str, str]:
+    headers = {**NO_CACHE, **start.headers, "x-request-id": str(pending.input.get_property("requestId"))}
+    if start.code >= 400:
+        headers["connection"] = "close"
+    return headers
+
+
+async def answer(pending: PendingRequest) -> Response:
+    """A complete answer goes out with content-length; anything else streams as it arrives."""
+    start = await pending.events.get()
+    assert isinstance(start, Start)
+    headers = _response_headers(pending, start)
+    first = await pending.events.get()
+    if isinstance(first, End):
+        return Response(b"", start.code, headers)
+    if first.final:
+        return Response(first.data, start.code, headers)
+    return StreamingResponse(_relay(pending, first), start.code, headers)
+
+
+async def _relay(pending: PendingRequest, first: Chunk) -> AsyncIterator[bytes]:
+    finished = False
+    try:
+        yield first.data
+        while True:
+            event = await pending.events.get()
+            if isinstance(event, Chunk):
+                yield event.data
+                if event.final:
+                    break
+            else:
+                break
+        finished = True
+    finally:
+        if not finished:
+            pending.cancelled = True  # the client went away: free its slot at the next step

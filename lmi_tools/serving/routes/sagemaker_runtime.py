@@ -1,0 +1,127 @@
+"""SageMaker Runtime's paths: ``POST /endpoints/{name}/invocations`` and ``/invocations-response-stream``.
+
+An unmodified boto3 ``sagemaker-runtime`` client works against them with ``endpoint_url``: rest-json
+errors (``x-amzn-ErrorType``), a model's own error as SageMaker's 424 ``ModelError``, and the stream
+in AWS event-stream framing (``eventstream.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import AsyncIterator
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response, StreamingResponse
+
+from .. import eventstream
+from ..dispatcher import Chunk, End, PendingRequest, ServedModel, Start, Status
+from ..store import ModelStore
+from .relay import RAW_BODY, Store, submit
+
+router = APIRouter(tags=["sagemaker-runtime"])
+
+
+@router.post("/endpoints/{endpoint}/invocations", openapi_extra=RAW_BODY)
+async def sagemaker_invoke(request: Request, store: Store, endpoint: str) -> Response:
+    model = _endpoint(store, endpoint)
+    if isinstance(model, Response):
+        return model
+    return await sagemaker_answer(await submit(request, store, model, sagemaker=True), endpoint)
+
+
+@router.post("/endpoints/{endpoint}/invocations-response-stream", openapi_extra=RAW_BODY)
+async def sagemaker_stream(request: Request, store: Store, endpoint: str) -> Response:
+    model = _endpoint(store, endpoint)
+    if isinstance(model, Response):
+        return model
+    pending = await submit(request, store, model, sagemaker=True)
+    return await sagemaker_event_stream(pending, endpoint, store.server.sagemaker_part_size)
+
+
+def _endpoint(store: ModelStore, endpoint: str) -> ServedModel | Response:
+    model = store.get(endpoint) or (next(iter(store.models.values())) if len(store.models) == 1 else None)
+    if model is None:
+        return _aws_error(400, "ValidationError", f"Endpoint {endpoint} of account 123456789012 not found.")
+    if model.status is not Status.READY:
+        return _aws_error(429, "ModelNotReadyException", f"Model for endpoint {endpoint} is not ready "
+                                                         f"({model.status.value}).")
+    return model
+
+
+def _aws_error(status: int, code: str, message: str, **fields: object) -> Response:
+    body = {"message": message, **fields}
+    return Response(json.dumps(body), status, {"x-amzn-ErrorType": f"{code}:http://internal.amazon.com/coral/",
+                                               "content-type": "application/json"})
+
+
+def _model_error(endpoint: str, code: int, body: bytes) -> Response:
+    kind = "client" if code < 500 else "server"
+    text = body.decode("utf-8", "replace")
+    return _aws_error(424, "ModelError",
+                      f'Received {kind} error ({code}) from primary with message "{text}". See the model logs.',
+                      ErrorCode=f"{kind.upper()}_ERROR_FROM_MODEL", OriginalStatusCode=code, OriginalMessage=text,
+                      LogStreamArn=f"arn:aws:logs:us-east-1:123456789012:log-group:/aws/sagemaker/Endpoints/{endpoint}")
+
+
+def _sagemaker_headers(start: Start) -> dict[str, str]:
+    content_type = next((v for k, v in start.headers.items() if k.lower() == "content-type"), "application/json")
+    headers = {"X-Amzn-Invoked-Production-Variant": "AllTraffic", "x-amzn-RequestId": str(time.time_ns())}
+    custom = next((v for k, v in start.headers.items() if k.lower() == "x-amzn-sagemaker-custom-attributes"), None)
+    if custom:
+        headers["X-Amzn-SageMaker-Custom-Attributes"] = custom
+    return {**headers, "content-type": content_type}
+
+
+async def _collect(pending: PendingRequest) -> bytes:
+    body = bytearray()
+    while True:
+        event = await pending.events.get()
+        if isinstance(event, Chunk):
+            body += event.data
+            if event.final:
+                return bytes(body)
+        elif isinstance(event, End):
+            return bytes(body)
+
+
+async def sagemaker_answer(pending: PendingRequest, endpoint: str) -> Response:
+    start = await pending.events.get()
+    assert isinstance(start, Start)
+    body = await _collect(pending)
+    if start.code >= 400:
+        return _model_error(endpoint, start.code, body)
+    return Response(body, 200, _sagemaker_headers(start))
+
+
+async def sagemaker_event_stream(pending: PendingRequest, endpoint: str, part_size: int) -> Response:
+    start = await pending.events.get()
+    assert isinstance(start, Start)
+    if start.code >= 400:
+        return _model_error(endpoint, start.code, await _collect(pending))
+    headers = _sagemaker_headers(start)
+    headers["X-Amzn-SageMaker-Content-Type"] = headers.pop("content-type")
+    headers["content-type"] = "application/vnd.amazon.eventstream"
+
+    async def frames() -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            while True:
+                event = await pending.events.get()
+                if isinstance(event, Chunk):
+                    data = event.data
+                    step = part_size or len(data) or 1
+                    for i in range(0, len(data), step):
+                        yield eventstream.payload_part(data[i:i + step])
+                    if event.final:
+                        break
+                else:
+                    if event.error:
+                        yield eventstream.model_stream_error(f"Model failed mid-stream: {event.error}")
+                    break
+            finished = True
+        finally:
+            if not finished:
+                pending.cancelled = True
+
+    return StreamingResponse(frames(), 200, headers)

@@ -1,0 +1,199 @@
+"""The front end's side of one model worker process (DJLServing's ``PyProcess``/``Connection``).
+
+``start`` launches the worker with DJL's arguments, waits (at most 2 minutes, as Java does) for the
+``Python engine started.`` line, connects to its unix socket and sends the init call (empty content,
+every option as a property) under ``model_loading_timeout``. ``predict`` sends one Input and reads
+the Output under ``predict_timeout``; a streamed Output is then read chunk by chunk, each within
+``chunked_read_timeout``. A worker that times out or dies is killed; the caller restarts it.
+
+Where ``djl_python`` is installed its own engine (``djl_python_engine``) can be the worker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+import lmi_handlers
+from lmi_handlers.protocol import Input
+
+from .codec import OutputHeader, StreamBroken, encode_input, read_output_header, read_stream_chunks
+from .frontend import init_input
+from .process import STARTED
+
+logger = logging.getLogger("lmi.worker")
+STARTUP_TIMEOUT = 120.0
+
+
+class WorkerDied(Exception):
+    """The worker process exited, hung or broke the protocol; it has been killed."""
+
+
+class LoadFailed(Exception):
+    """The worker could not start or the init call failed."""
+
+
+@dataclass
+class WorkerSettings:
+    model_dir: Path
+    init_properties: dict[str, str]
+    entry_point: str = ""
+    model_loading_timeout: float = 240.0
+    predict_timeout: float = 120.0
+    chunked_read_timeout: float = 120.0
+    #: "auto": DJL's own engine where djl_python_engine is importable; "lmi": ours; "djl": DJL's.
+    engine: str = "auto"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def _engine_command(settings: WorkerSettings, sock: str) -> list[str]:
+    use_djl = settings.engine == "djl" or (
+        settings.engine == "auto" and importlib.util.find_spec("djl_python_engine") is not None)
+    module = "djl_python_engine" if use_djl else "lmi_tools.serving.worker.process"
+    return [sys.executable, "-m", module, "--sock-type", "unix", "--sock-name", sock, "--model-dir",
+            str(settings.model_dir), "--entry-point", settings.entry_point, "--device-id", "-1"]
+
+
+def _environment(settings: WorkerSettings) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(settings.env)
+    # DJL's order: the existing PYTHONPATH, then the model directory (so a vendored lmi_handlers wins);
+    # our checkout last, so that the runtime is importable even when not installed.
+    checkout = str(Path(lmi_handlers.__file__).resolve().parents[1])
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(parts + [str(settings.model_dir), checkout])
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+class Worker:
+    def __init__(self, name: str, settings: WorkerSettings):
+        self.name = name
+        self.settings = settings
+        self.process: subprocess.Popen[str] | None = None
+        self.sock: socket.socket | None = None
+        self.reader = None
+        self.output_tail: deque[str] = deque(maxlen=30)
+        self._started = threading.Event()
+        self._dir = tempfile.mkdtemp(prefix="lmi-worker-")
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None and self.sock is not None
+
+    def start(self) -> None:
+        sock_path = os.path.join(self._dir, f"djl_sock.{int(time.time() * 1000) % 100000}")
+        self._started.clear()
+        self.process = subprocess.Popen(_engine_command(self.settings, sock_path), stdout=subprocess.PIPE,
+                                        stderr=subprocess.STDOUT, text=True, cwd=self.settings.model_dir,
+                                        env=_environment(self.settings), start_new_session=True)
+        threading.Thread(target=self._forward_output, args=(self.process,), daemon=True).start()
+        deadline = time.monotonic() + STARTUP_TIMEOUT
+        while not self._started.wait(0.05):
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                self.kill()
+                raise LoadFailed(f"worker did not start: {self._tail()}")
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(sock_path)
+        self.reader = self.sock.makefile("rb")
+        try:
+            header = self._call(init_input(self.settings.init_properties), self.settings.model_loading_timeout)
+        except WorkerDied as exc:
+            raise LoadFailed(f"model loading failed: {exc}") from None
+        if header.code >= 300:
+            body = bytes(header.content.value_at(0)).decode("utf-8", "replace") if header.content and \
+                header.content.size() else header.message
+            self.kill()
+            raise LoadFailed(f"Failed to initialize model: {body}")
+        logger.info("[%s] worker %s ready", self.name, self.pid)
+
+    def _forward_output(self, process: subprocess.Popen[str]) -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            line = line.rstrip("\n")
+            self.output_tail.append(line)
+            logger.info("[%s] %s", self.name, line)
+            if STARTED in line:
+                self._started.set()
+
+    def _tail(self) -> str:
+        return " | ".join(list(self.output_tail)[-8:]) or "(no output)"
+
+    def _call(self, inputs: Input, timeout: float) -> OutputHeader:
+        assert self.sock is not None
+        try:
+            self.sock.settimeout(timeout)
+            self.sock.sendall(encode_input(inputs))
+            return read_output_header(self.reader)
+        except socket.timeout:
+            self.kill()
+            raise WorkerDied(f"no answer within {timeout:g} s; the worker was killed and will be restarted") from None
+        except (EOFError, OSError) as exc:
+            self.kill()
+            raise WorkerDied(f"the worker process died ({exc}); last output: {self._tail()}") from None
+
+    def predict(self, inputs: Input) -> OutputHeader:
+        if not self.alive:
+            raise WorkerDied("the worker is not running")
+        return self._call(inputs, self.settings.predict_timeout)
+
+    def stream(self) -> Iterator[bytes]:
+        """The chunks of a streamed Output, after ``predict`` returned a header with ``is_stream``."""
+        assert self.sock is not None
+        self.sock.settimeout(self.settings.chunked_read_timeout)
+        try:
+            yield from read_stream_chunks(self.reader)
+        except StreamBroken:
+            raise
+        except socket.timeout:
+            self.kill()
+            raise WorkerDied(f"no chunk within {self.settings.chunked_read_timeout:g} s; the worker was "
+                             "killed and will be restarted") from None
+        except (EOFError, OSError) as exc:
+            self.kill()
+            raise WorkerDied(f"the worker process died mid-stream ({exc})") from None
+
+    def _disconnect(self) -> None:
+        # shutdown() rather than close() alone: the makefile() reader keeps the descriptor open,
+        # and the worker only exits once it reads end-of-file.
+        if self.sock is not None:
+            with contextlib.suppress(OSError):
+                self.sock.shutdown(socket.SHUT_RDWR)
+            with contextlib.suppress(OSError):
+                self.sock.close()
+            self.sock = None
+
+    def kill(self) -> None:
+        self._disconnect()
+        if self.process is not None and self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, 9)
+            except (ProcessLookupError, PermissionError):
+                self.process.kill()
+            self.process.wait()
+
+    def stop(self) -> None:
+        """Close the connection (the worker exits on EOF) and make sure the process is gone."""
+        self._disconnect()
+        if self.process is not None:
+            try:
+                self.process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        self.kill()

@@ -1,0 +1,181 @@
+"""How DJLServing's Java front end builds the ``Input`` it sends to a Python handler.
+
+Each function reproduces one layout of ``reference/djl-contract.md``; the local server and the
+contract tests both use them, so what passes locally is what the container sends:
+
+* ``init_input``: the empty init call carrying every option (``option.`` stripped) and ``handler``;
+* ``request_input``: HTTP headers as properties (original case), ``X-Amzn-SageMaker-Custom-Attributes``
+  split into ``k=v`` properties, ``requestId``, query parameters then the body as ``data``;
+* ``batch_input``: N >= 2 requests packed with ``batch_size`` and ``batch_NNN.`` prefixes (a batch
+  of one is sent unwrapped);
+* ``rolling_step_input``: one rolling-batch step - always the batch layout; new requests with their
+  headers, body and a server seed, ongoing ones with an empty body; ``reset_rollingbatch``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from lmi_handlers.protocol import Input, PairList
+from lmi_handlers.rolling import CANCEL_PROPERTY
+
+from .codec import binary_decode
+
+CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
+
+
+def init_input(options: Mapping[str, Any], handler: str = "handle") -> Input:
+    properties = {key: str(value) for key, value in options.items()}
+    properties["handler"] = handler
+    return Input(properties)
+
+
+def request_input(headers: Iterable[tuple[str, str]], body: bytes, query: Iterable[tuple[str, str]] = (),
+                  request_id: str | None = None) -> Input:
+    properties: dict[str, str] = {}
+    for name, value in headers:
+        if name.lower() == CUSTOM_ATTRIBUTES:
+            for pair in value.split(";"):
+                key, sep, val = pair.strip().partition("=")
+                if sep and key:
+                    properties[key] = val
+        else:
+            properties[name] = value
+    given = next((v for k, v in properties.items() if k.lower() == "x-request-id"), None)
+    properties["requestId"] = request_id or given or str(uuid.uuid4())
+    content = PairList()
+    for name, value in query:
+        content.add(name, value.encode("utf-8"))
+    content.add("data", body)
+    return Input(properties, content)
+
+
+def batch_prefix(index: int) -> str:
+    # Zero-padded to 3 digits; Java writes indices >= 100 unpadded ("max 999 batch size").
+    return f"batch_{index:03d}."
+
+
+def batch_input(requests: Sequence[Input], handler: str = "handle") -> Input:
+    """The layout for N >= 2 requests (a single request is sent as it is)."""
+    if len(requests) == 1:
+        single = requests[0]
+        return Input({**single.properties, "handler": handler}, single.content)
+    properties: dict[str, Any] = {"batch_size": str(len(requests)), "handler": handler}
+    content = PairList()
+    for i, request in enumerate(requests):
+        prefix = batch_prefix(i)
+        for key, value in request.properties.items():
+            properties[prefix + key] = value
+        for j in range(request.content.size()):
+            content.add(prefix + (request.content.key_at(j) or "data"), request.content.value_at(j))
+    return Input(properties, content)
+
+
+@dataclass(eq=False)
+class RollingRequest:
+    """One request in the Java-side active list of a rolling batch."""
+
+    input: Input
+    seed: int
+    key: Any = None  # the caller's handle on this request
+    started: bool = False  # a response has been seen: from now on only an empty body is sent
+    cancelled: bool = False
+
+
+def rolling_step_input(active: Sequence[RollingRequest], reset: bool = False, handler: str = "handle") -> Input:
+    properties: dict[str, Any] = {"batch_size": str(len(active)), "handler": handler}
+    if reset:
+        properties["reset_rollingbatch"] = "true"
+    content = PairList()
+    for i, request in enumerate(active):
+        prefix = batch_prefix(i)
+        if request.started:
+            if request.cancelled:
+                properties[prefix + CANCEL_PROPERTY] = "true"
+            content.add(prefix + "data", b"")
+            continue
+        for key, value in request.input.properties.items():
+            properties[prefix + key] = value
+        content.add(prefix + "data", request.input.get_as_bytes() or b"")
+        properties[prefix + "seed"] = str(request.seed)
+    return Input(properties, content)
+
+
+@dataclass
+class StepItem:
+    """What one rolling-batch step produced for one request."""
+
+    request: RollingRequest
+    data: str
+    last: bool
+    headers: dict[str, str] = field(default_factory=dict)
+    code: int | None = None
+    error: str | None = None
+
+    @property
+    def content_type(self) -> str | None:
+        return next((v for k, v in self.headers.items() if k.lower() == "content-type"), None)
+
+
+def _request_headers(properties: Mapping[str, Any]) -> dict[int, dict[str, str]]:
+    """``batch_<i>_<Header>`` properties by request index (Java splits at the first ``_`` after the index)."""
+    headers: dict[int, dict[str, str]] = {}
+    for key, value in properties.items():
+        if key.startswith("batch_"):
+            index, sep, name = key[6:].partition("_")
+            if sep and index.isdigit() and name:
+                headers.setdefault(int(index), {})[name] = str(value)
+    return headers
+
+
+class RollingBatchLoop:
+    """The Java side of rolling batch (``RollingBatch.run``, reference §4.1-4.2) without the I/O:
+    the ordered active list, the step Input, and what each returned item means for its request.
+
+    New requests are appended; finished ones leave in place, so the handler's own list stays in step.
+    A step whose answer is not 200 with exactly one item per request fails every active request and
+    the next step carries ``reset_rollingbatch``.
+    """
+
+    def __init__(self, max_size: int = 32):
+        self.max_size = max_size
+        self.active: list[RollingRequest] = []
+        self.reset_next = False
+
+    @property
+    def room(self) -> int:
+        return self.max_size - len(self.active)
+
+    def add(self, request: RollingRequest) -> None:
+        self.active.append(request)
+
+    def next_input(self, handler: str = "handle") -> Input:
+        inputs = rolling_step_input(self.active, reset=self.reset_next, handler=handler)
+        self.reset_next = False
+        return inputs
+
+    def apply(self, code: int, properties: Mapping[str, Any], items: Sequence[bytes]) -> list[StepItem]:
+        if code != 200 or len(items) != len(self.active):
+            return self.fail_all(code if code != 200 else 500, "Batch inference failed")
+        results, survivors = [], []
+        headers = _request_headers(properties)
+        for i, (request, raw) in enumerate(zip(self.active, items)):
+            item = binary_decode(bytes(raw))
+            request.started = True
+            last = item.get("last", "").lower() == "true"
+            code_text = item.get("code")
+            results.append(StepItem(request, item.get("data", ""), last, headers.get(i, {}),
+                                    int(code_text) if code_text else None, item.get("error")))
+            if not last:
+                survivors.append(request)
+        self.active = survivors
+        return results
+
+    def fail_all(self, code: int, error: str) -> list[StepItem]:
+        """Every active request ends with this error; the next step resets the handler."""
+        results = [StepItem(r, "", True, {"Content-Type": "application/json"}, code, error) for r in self.active]
+        self.active = []
+        self.reset_next = True
+        return results

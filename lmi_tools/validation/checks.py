@@ -1,0 +1,219 @@
+"""The configuration checks of ``lmi validate`` (hardware fit lives in ``fit.py``).
+
+Each check takes the resolved ``Target`` and returns findings. What the runtime itself refuses or warns
+about comes from the runtime (``runtime.py``); the rules here are the ones no runtime code holds:
+DJLServing's (``reference/djl-contract.md`` §1.2-1.5 and §7: entry point, rolling batch, keys), the
+instance's, and transformers-neuronx's accuracy notes (``reference/neuron.md`` §3); see
+``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lmi_handlers.config import ConfigError, parse_bool
+
+from .entry_point import resolve
+from .findings import Finding, Target, flag
+from .fit import alternatives, fit_checks
+from .runtime import ignored_options
+
+# Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
+UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
+# Known accuracy issues of transformers-neuronx with 16-bit weights (release notes, neuron.md §1.11):
+# (model_type, hidden_size, layers) -> compiler options to add.
+ACCURACY_FLAGS = {
+    ("llama", 5120, 40): ("enable_saturate_infinity", "enable_mixed_precision_accumulation"),  # Llama-2-13B
+    ("llama", 8192, 80): ("enable_mixed_precision_accumulation",),  # Llama-2-70B
+}
+
+
+def run_checks(target: Target) -> list[Finding]:
+    findings = [check_entry_point(target), *check_keys(target)]
+    if target.config is None:
+        return findings
+    findings.append(check_model_source(target))
+    backend = check_backend(target)
+    findings.extend(backend)
+    if target.backend == "scripted":
+        findings.append(Finding("info", "hardware", "scripted backend: no weights, so the hardware checks are "
+                                                    "skipped"))
+        return findings
+    if target.refusal is not None:
+        return findings + [refused(target, target.refusal)]
+    if any(f.level == "error" for f in backend) or target.arch is None:
+        return findings
+    if target.plan is not None:
+        findings.extend(Finding("warning", "neuronx", message) for message in target.plan.warnings)
+    findings.extend(check_positions(target))
+    findings.extend(check_batching(target))
+    findings.extend(check_dtype(target))
+    findings.extend(fit_checks(target))
+    return findings
+
+
+def check_entry_point(target: Target) -> Finding:
+    root = target.model_dir
+
+    def exists(rel: str) -> bool:
+        return (root / rel).is_file()
+
+    def read(rel: str) -> str:
+        return (root / rel).read_text(encoding="utf-8", errors="replace")
+
+    result = resolve(target.props.get("entryPoint"), exists, read, runtime_vendored=False)
+    engine = target.props.get("engine")
+    if result.ok and engine not in (None, "Python"):
+        return Finding("error", "entry point", f"engine={engine}: only the Python engine runs lmi_handlers",
+                       "set engine=Python")
+    if result.ok and engine is None:
+        return Finding("warning", "entry point", f"{result.detail}; engine is not set, DJLServing infers it",
+                       "add engine=Python")
+    return Finding("ok" if result.ok else "error", "entry point", result.detail, result.hint)
+
+
+def check_keys(target: Target) -> list[Finding]:
+    backend = target.props.get("backend", "auto").strip().lower()
+    if backend == "auto":
+        backend = "neuronx" if target.instance.kind == "neuron" else "hf"
+    findings = [Finding("warning", "options", message, "remove it or fix its name")
+                for message in ignored_options(target.props, backend)]
+    for key in UNPARSED_BOOLEANS:
+        try:
+            parse_bool(target.props, key, False)
+        except ConfigError as exc:
+            findings.append(Finding("error", "options", str(exc), f"use option.{key}=true or false"))
+    for key, value in sorted(target.props.items()):
+        if value != value.rstrip():
+            findings.append(Finding("warning", "options", f"{key} ends in whitespace, which DJLServing keeps as "
+                                    "part of the value", "remove the trailing spaces"))
+    if target.non_ascii:
+        findings.append(Finding("warning", "options", "serving.properties has non-ASCII characters; DJLServing "
+                                "reads it as ISO-8859-1", "write them as \\uXXXX escapes"))
+    return findings or [Finding("ok", "options", f"every option is one {backend} reads")]
+
+
+def check_model_source(target: Target) -> Finding:
+    assert target.config is not None
+    model_id, resolved = target.props.get("model_id", ""), target.config.model_id
+    if not model_id:
+        return Finding("ok", "weights", "weights in the model directory itself")
+    if model_id.startswith("s3://"):
+        return Finding("info", "weights", f"DJLServing downloads {model_id} before the handler loads")
+    if Path(resolved).is_dir():
+        return Finding("ok", "weights", f"local directory {resolved}")
+    return Finding("info", "weights", f"{model_id} is downloaded from the Hugging Face hub at load time",
+                   "the container needs internet access (and HF_TOKEN for gated models), or give a local "
+                   "directory or s3:// prefix")
+
+
+def check_backend(target: Target) -> list[Finding]:
+    kind, backend = target.instance.kind, target.backend
+    if backend == "neuronx" and kind != "neuron":
+        return [Finding("error", "backend", f"backend neuronx needs Inferentia2/Trainium; {target.instance.name} "
+                        "has GPUs", "use option.backend=hf (or auto) on GPU instances")]
+    if backend == "hf" and kind == "neuron":
+        return [Finding("error", "backend", f"backend hf would run on the CPU of {target.instance.name}, not on "
+                        "its NeuronCores", "use option.backend=neuronx (or auto)")]
+    arch = target.arch
+    if arch is None:
+        return []
+    if arch.estimated:
+        return [Finding("warning", "backend", f"model_type {arch.model_type!r} is not one lmi knows: sized as a "
+                        "Llama-style decoder, so the figures are estimates")]
+    return [Finding("ok", "backend", f"{backend} on {target.instance.name} for {arch.model_type}")]
+
+
+def refused(target: Target, exc: ConfigError) -> Finding:
+    """The neuronx backend's planner refuses these settings: the model would not load."""
+    hint = alternatives(target) if exc.key == "tensor_parallel_degree" else \
+        "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx_options.py)"
+    return Finding("error", "neuronx", str(exc), hint)
+
+
+def check_positions(target: Target) -> list[Finding]:
+    arch, positions = target.arch, target.positions
+    assert arch is not None and target.config is not None
+    if target.backend == "neuronx":
+        if not target.positions_set:
+            return [Finding("warning", "sequence length", f"option.n_positions is not set: the neuronx backend "
+                            f"compiles for {positions} positions (the model has {arch.max_positions})",
+                            "set option.n_positions to the longest prompt + output you serve")]
+        if positions > arch.max_positions:
+            return []  # the planner's own warning or refusal says it
+        return [Finding("ok", "sequence length", f"option.n_positions={positions} <= {arch.max_positions}")]
+    wanted = target.config.max_model_len
+    if wanted is None:
+        return [Finding("info", "sequence length", f"option.max_model_len is not set: memory below assumes the "
+                        f"model's {arch.max_positions} positions", "set option.max_model_len to the longest prompt "
+                        "+ output you serve")]
+    if wanted > arch.max_positions:
+        return [Finding("warning", "sequence length", f"option.max_model_len={wanted} is beyond the model's "
+                        f"{arch.max_positions} positions: the hf backend caps it there",
+                        f"use option.max_model_len <= {arch.max_positions}")]
+    return [Finding("ok", "sequence length", f"option.max_model_len={wanted} <= {arch.max_positions}")]
+
+
+def check_batching(target: Target) -> list[Finding]:
+    config, arch = target.config, target.arch
+    assert config is not None and arch is not None
+    raw = target.props.get("rolling_batch")
+    findings = []
+    if raw is None:
+        findings.append(Finding("warning", "batching", "option.rolling_batch is not set: recent LMI containers "
+                                "then switch a model with a config.json to their async vLLM mode, which a sync "
+                                "handler cannot serve", "set option.rolling_batch=disable or scheduler"))
+    elif raw.strip().lower() == "auto":
+        findings.append(Finding("warning", "batching", "option.rolling_batch=auto: DJLServing's LMI recommender "
+                                "rewrites auto to its own engine (tnx, lmi-dist, vllm) when it finds a config.json, "
+                                "and lmi_handlers refuses those", "use option.rolling_batch=scheduler (the same "
+                                "continuous batching here, left alone by DJLServing)"))
+    if config.rolling:
+        findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
+                                "sequences per step"))
+        if target.plan is not None and target.plan.batch_size > 1 and not target.plan.continuous_batching:
+            findings.append(Finding("warning", "batching", f"the neuronx backend runs {arch.model_type} without "
+                                    "continuous batching (transformers-neuronx has it for few architectures): "
+                                    "sequences cannot join a running batch cheaply",
+                                    "use batch_size (dynamic batching) for this model"))
+    else:
+        delay = target.props.get("max_batch_delay", "100")
+        findings.append(Finding("ok", "batching", f"dynamic batching: up to {config.batch_size} requests per call "
+                                f"(max_batch_delay {delay} ms)" if config.batch_size > 1 else
+                                "one request at a time (no batching)"))
+    return findings
+
+
+def check_dtype(target: Target) -> list[Finding]:
+    arch, dtype, props = target.arch, target.dtype, target.props
+    assert arch is not None and target.config is not None
+    stored = arch.checkpoint_dtype or "unknown"
+    detail = f"dtype {dtype}" + (" (auto)" if target.config.dtype == "auto" else "") + f", checkpoint {stored}"
+    findings = []
+    if target.int8:
+        findings.append(Finding("ok", "dtype", f"{detail}; int8 weight storage (layers' matrices), KV cache {dtype}"))
+    elif target.backend == "hf" and ("quantize" in props or flag(props, "load_in_8bit")):
+        findings.append(Finding("warning", "dtype", "quantize / load_in_8bit are neuronx options; the hf backend "
+                                f"loads {dtype} weights", "remove them, or size the model for 16-bit weights"))
+    else:
+        findings.append(Finding("ok", "dtype", detail))
+    if dtype == "fp16" and stored == "bf16":
+        findings.append(Finding("warning", "dtype", "the checkpoint is bfloat16; fp16 has a smaller range and "
+                                "can overflow in some layers", "prefer option.dtype=bf16"))
+    if dtype == "fp32":
+        findings.append(Finding("warning", "dtype", "fp32 doubles weight and KV memory and is slower",
+                                "use bf16 or fp16 unless the model needs fp32"))
+    if target.backend == "neuronx":
+        findings.extend(_neuron_accuracy(target))
+    return findings
+
+
+def _neuron_accuracy(target: Target) -> list[Finding]:
+    arch = target.arch
+    assert arch is not None
+    flags = ACCURACY_FLAGS.get((arch.model_type, arch.hidden_size, arch.layers), ())
+    missing = [f for f in flags if not flag(target.props, f)]
+    if missing:
+        return [Finding("warning", "dtype", "transformers-neuronx lists accuracy issues for this model shape "
+                        "with 16-bit weights", " and ".join(f"option.{f}=true" for f in missing))]
+    return []

@@ -1,0 +1,64 @@
+"""What ``lmi validate`` looks at (``Target``) and what it reports (``Finding``), shared by its check modules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
+
+from ..instances import Instance
+from ..models.architecture import Architecture
+
+LEVELS = ("error", "warning", "info", "ok")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One result: ``level`` is error, warning, info or ok; ``hint`` says what to do instead."""
+
+    level: str
+    check: str
+    message: str
+    hint: str = ""
+
+
+@dataclass
+class Target:
+    """Everything the checks look at, resolved once."""
+
+    model_dir: Path
+    #: Init properties: ``option.`` stripped, as the handler receives them.
+    props: dict[str, str]
+    instance: Instance
+    config: HandlerConfig | None = None
+    arch: Architecture | None = None
+    arch_source: str = ""
+    #: The model's ``config.json``, as the runtime's planner reads it.
+    model_config: dict[str, Any] | None = None
+    #: hf, neuronx or scripted (``auto`` resolved for the instance).
+    backend: str = "hf"
+    tp: int = 1
+    #: The neuronx backend's compile plan at ``tp`` (None: another backend, or the runtime refused).
+    plan: CompileSettings | None = None
+    #: Why the runtime would refuse to load (the neuronx planner's ``ConfigError``).
+    refusal: ConfigError | None = None
+    #: The dtype the weights and KV cache will have (``auto`` resolved).
+    dtype: str = "fp16"
+    int8: bool = False
+    #: Sequences one copy holds at once: max_rolling_batch_size, or batch_size without rolling batch.
+    batch: int = 1
+    #: Tokens per sequence the KV cache is sized for, and whether the properties set it.
+    positions: int = 0
+    positions_set: bool = False
+    non_ascii: bool = False
+
+
+def flag(props: Mapping[str, str], key: str) -> bool:
+    """A boolean option as the runtime parses it; an unparsable value counts as false (reported elsewhere)."""
+    try:
+        return parse_bool(props, key, False)
+    except ConfigError:
+        return False

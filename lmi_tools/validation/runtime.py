@@ -1,0 +1,61 @@
+"""What the runtime itself makes of a model directory: ``HandlerConfig`` and, on Neuron, the compile plan.
+
+The tooling never re-states the runtime's rules. It calls the code the handler runs at its init call
+(``HandlerConfig.from_properties``, then ``NeuronxOptions.from_properties`` and ``plan_compile`` for the
+neuronx backend) with what the container would give it, and reports their ``ConfigError`` and warnings.
+``lmi render``, ``lmi validate`` and ``lmi inspect`` all come through here.
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any, Iterator, Mapping
+
+from lmi_handlers.backends.neuronx_options import CompileSettings, NeuronxOptions, plan_compile
+from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
+
+
+def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
+    """``HandlerConfig`` as the handler builds it in the container; raises ``ConfigError``."""
+    props = {**props, "model_dir": model_dir}
+    if props.get("model_id", "").startswith("s3://"):
+        props["model_id"] = model_dir  # DJLServing downloads it and hands the handler the local directory
+    with quiet("lmi_handlers.config"):
+        return HandlerConfig.from_properties(props)
+
+
+def neuronx_plan(config: HandlerConfig, model: Mapping[str, Any], tp: int) -> CompileSettings:
+    """The compile plan ``NeuronxBackend`` makes at load for this model (its ``config.json``) over ``tp``
+    NeuronCores (what ``tensor_parallel_degree=max`` becomes in a worker that has them); raises ``ConfigError``."""
+    options = NeuronxOptions.from_properties(config.properties)
+    return plan_compile(replace(config, tensor_parallel_degree=tp), options, model)
+
+
+def backend_option_keys(backend: str) -> frozenset[str]:
+    """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
+    if backend == "neuronx":
+        return NEURONX_KEYS
+    if backend == "scripted":
+        from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
+
+        return frozenset(ScriptedBackend.option_keys)
+    return frozenset()
+
+
+def ignored_options(props: Mapping[str, str], backend: str) -> list[str]:
+    """One message per option nobody reads (the runtime's own did-you-mean warnings)."""
+    with quiet("lmi_handlers.config"):
+        return check_unknown_keys(props, backend_option_keys(backend))
+
+
+@contextmanager
+def quiet(logger_name: str) -> Iterator[None]:
+    """Silence a runtime logger whose warnings we report ourselves."""
+    logger = logging.getLogger(logger_name)
+    previous, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = previous

@@ -1,0 +1,169 @@
+"""``lmi validate``: check a model directory against its model and the instance before deploying it.
+
+``validate_model_dir`` reads ``serving.properties`` (the way DJLServing does), the model's
+``config.json`` and the instance table, asks the runtime's own configuration and planning code what it
+makes of them (``runtime.py``), then runs the checks of ``checks.py`` and ``fit.py``. Each finding says
+what is wrong and what to use instead; errors block ``lmi package``. The rules and their sources are
+listed in ``docs/configuration.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.config import ConfigError
+
+from ..errors import UsageError
+from ..instances import lookup
+from ..modeldir.properties import init_properties, parse_directives, parse_properties, read_text
+from ..modeldir.resources import known_model_config
+from ..models.architecture import load_config, read_architecture
+from .checks import run_checks
+from .findings import Finding, Target
+from .fit import figures
+from .runtime import handler_config, neuronx_plan
+
+AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+
+
+@dataclass
+class Report:
+    """The findings plus the figures behind them."""
+
+    model_dir: str
+    instance: str
+    backend: str
+    architecture: str
+    findings: list[Finding] = field(default_factory=list)
+    figures: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "error"]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.level == "warning"]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["ok"] = self.ok
+        return data
+
+
+def validate_model_dir(model_dir: str | Path, instance: str | None = None,
+                       config_path: str | Path | None = None) -> Report:
+    """Validate ``model_dir``; ``instance`` defaults to the ``# lmi: instance_type=`` line of its properties."""
+    target, findings = load_target(Path(model_dir), instance, config_path)
+    findings.extend(run_checks(target))
+    return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
+                  architecture=_describe(target), findings=findings,
+                  figures=figures(target) if target.arch and target.config else {})
+
+
+def _describe(target: Target) -> str:
+    if target.backend == "scripted":
+        return "none (scripted backend)"
+    if not target.arch:
+        return "unknown (no config.json)"
+    a = target.arch
+    return (f"{a.model_type}: {a.layers} layers, hidden {a.hidden_size}, {a.heads} heads / {a.kv_heads} KV heads, "
+            f"vocab {a.vocab_size}, {a.max_positions} positions (from {target.arch_source})")
+
+
+def load_target(model_dir: Path, instance: str | None, config_path: str | Path | None) -> tuple[Target, list[Finding]]:
+    """Read the inputs; problems that stop individual checks become findings, not exceptions."""
+    text = read_text(model_dir / "serving.properties")
+    directives = parse_directives(text)
+    name = instance or directives.get("instance_type")
+    if not name:
+        raise UsageError(f"no instance type for {model_dir}",
+                         hint="pass --instance TYPE (e.g. inf2.xlarge), or add a line "
+                              "'# lmi: instance_type=TYPE' to serving.properties (lmi render writes it)")
+    target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
+                    instance=lookup(name), non_ascii=not text.isascii())
+    findings: list[Finding] = []
+    try:
+        target.config = handler_config(target.props, str(target.model_dir))
+    except ConfigError as exc:
+        findings.append(Finding("error", "properties", str(exc),
+                                "fix this first: the handler would refuse to load with it"))
+        return target, findings
+    if target.config.backend != "scripted":  # the scripted backend has no weights to size
+        findings.extend(_load_architecture(target, config_path))
+    resolve_settings(target)
+    return target, findings
+
+
+def _load_architecture(target: Target, config_path: str | Path | None) -> list[Finding]:
+    """``--config``, else option.model_id's directory, else the model directory, else a bundled config."""
+    if config_path:
+        _read_architecture(target, Path(config_path), str(config_path))
+        return []
+    assert target.config is not None
+    model_id = target.props.get("model_id", "")
+    local = Path(target.config.model_id)
+    candidates = [local / "config.json"] if local.is_dir() else []
+    candidates.append(target.model_dir / "config.json")
+    for path in candidates:
+        if path.is_file():
+            _read_architecture(target, path, str(path))
+            return []
+    bundled = known_model_config(model_id) if model_id and not local.is_dir() else None
+    if bundled:
+        _read_architecture(target, bundled, f"the bundled reference config of {model_id}")
+        return []
+    where = "model_id is a hub id we ship no config for" if model_id else "the model directory has no config.json"
+    return [Finding("error", "architecture", f"cannot find the model's config.json ({where}), so heads, memory "
+                    "and positions cannot be checked", "pass --config PATH/TO/config.json")]
+
+
+def _read_architecture(target: Target, path: Path, source: str) -> None:
+    target.model_config = load_config(path)
+    target.arch, target.arch_source = read_architecture(target.model_config), source
+
+
+def resolve_settings(target: Target) -> None:
+    """Backend, TP, dtype, batch and sequence length as they will be in effect: on Neuron, the runtime's plan."""
+    config, arch, instance = target.config, target.arch, target.instance
+    assert config is not None
+    target.backend = config.backend if config.backend != "auto" else (
+        "neuronx" if instance.kind == "neuron" else "hf")
+    target.tp = config.tensor_parallel_degree or instance.cores
+    if target.backend == "neuronx" and target.model_config is not None:
+        try:
+            target.plan = neuronx_plan(config, target.model_config, target.tp)
+        except ConfigError as exc:
+            target.refusal = exc
+        plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
+        if plan is None:
+            return
+        target.dtype, target.int8, target.batch = AMP_DTYPES[plan.amp], "quant" in plan.neuron_config, plan.batch_size
+        target.positions, target.positions_set = plan.n_positions, bool(target.props.get("n_positions", "").strip())
+        return
+    if config.dtype != "auto":
+        target.dtype = config.dtype
+    elif arch and arch.checkpoint_dtype in ("fp16", "bf16"):
+        target.dtype = arch.checkpoint_dtype
+    target.batch = config.max_rolling_batch_size if config.rolling else config.batch_size
+    target.positions_set = config.max_model_len is not None
+    if arch:  # the hf backend caps max_model_len at what the model supports
+        target.positions = min(config.max_model_len or arch.max_positions, arch.max_positions)
+
+
+def _any_plan(target: Target) -> CompileSettings | None:
+    """A plan at any TP degree of the instance: batch, positions and amp do not depend on it."""
+    assert target.config is not None and target.model_config is not None
+    for tp in target.instance.tp_degrees:
+        try:
+            return neuronx_plan(target.config, target.model_config, tp)
+        except ConfigError:
+            continue
+    return None

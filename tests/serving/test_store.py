@@ -1,0 +1,39 @@
+"""The model store's settings: DJLServing's sources, read with the runtime's own value parsers."""
+
+from __future__ import annotations
+
+import pytest
+
+from lmi_tools.serving.store import ServerConfig, model_settings
+
+
+def model_dir(tmp_path, text: str):
+    (tmp_path / "serving.properties").write_text(text)
+    return tmp_path
+
+
+def test_numbers_and_rolling_batch(tmp_path):
+    directory = model_dir(tmp_path, "option.rolling_batch=scheduler\noption.max_rolling_batch_size=8\n"
+                                    "job_queue_size=5\nmax_batch_delay=0\noption.predict_timeout=2.5\n")
+    settings = model_settings(directory, ServerConfig(), environ={})
+    assert settings.rolling and settings.max_rolling_batch_size == 8
+    assert (settings.job_queue_size, settings.max_batch_delay_ms, settings.worker.predict_timeout) == (5, 0, 2.5)
+    assert not model_settings(model_dir(tmp_path, "option.rolling_batch=disable\n"), ServerConfig(), environ={}).rolling
+
+
+@pytest.mark.parametrize("line, message", [
+    ("job_queue_size=many", "job_queue_size='many' in {}/serving.properties is invalid: expected an integer"),
+    ("batch_size=0", "batch_size='0' in {}/serving.properties is invalid: expected an integer >= 1"),
+    ("option.predict_timeout=-1", "predict_timeout='-1' in {}/serving.properties is invalid: expected a number"),
+])
+def test_a_bad_value_names_the_key_the_value_and_the_file(tmp_path, line, message):
+    with pytest.raises(ValueError) as info:
+        model_settings(model_dir(tmp_path, line + "\n"), ServerConfig(), environ={})
+    assert str(info.value).startswith(message.format(tmp_path))
+
+
+def test_server_defaults_from_the_environment():
+    config = ServerConfig.from_env({"SERVING_JOB_QUEUE_SIZE": "7", "PREDICT_TIMEOUT": "30"})
+    assert (config.job_queue_size, config.predict_timeout, config.batch_size) == (7, 30.0, 1)
+    with pytest.raises(ValueError, match="SERVING_BATCH_SIZE='x' in the environment is invalid"):
+        ServerConfig.from_env({"SERVING_BATCH_SIZE": "x"})
