@@ -18,6 +18,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_
 # One module per command group; each defines register(app).
 COMMAND_MODULES = [
     "lmi_tools.commands.tiny_model",
+    "lmi_tools.commands.model",
     "lmi_tools.commands.serve",
     "lmi_tools.commands.render",
     "lmi_tools.commands.validate",

