@@ -119,7 +119,8 @@ def test_client_disconnect_from_a_plain_request_frees_the_slot(rolling):
 
 GOOD_STREAMS = [{"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": n}}
                 for prompt, n in (("a", 60), ("bb", 50))]  # the rolling batch holds 3: one slot stays free
-MALFORMED_BODIES = [b'{"inputs": "a\\ud800b"}', b'{"inputs": "x", "parameters": {"max_new_tokens": ' + b"9" * 5000 + b"}}",
+MALFORMED_BODIES = [b'{"inputs": "a\\ud800b"}',
+                    b'{"inputs": "x", "parameters": {"max_new_tokens": ' + b"9" * 5000 + b"}}",
                     b"[" * 100_000 + b"]" * 100_000, b'{"inputs": "\xff"}', b'{"inputs": "  "}', b"{nope",
                     b'{"messages": [{"role": "user", "content": "x", "name": 5}]}', b'{"inputs": "x", "parameters": 7}',
                     b'{"messages": [{"role": "user", "content": "x"}], "n": true}', b'{"inputs": ["x"]}' * 3]

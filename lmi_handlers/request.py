@@ -155,8 +155,10 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
     names = {key: f"parameters.{key}" for key in LMI_PARAMETERS}
     names.update(stream="stream", stop=f"parameters.{stop_key}", ignore_eos=f"parameters.{eos_key}")
     sampling = checked(SamplingParams, {key: params.get(key) for key in SAMPLING_FIELDS}, names)
-    stopping = checked(StoppingParams, {"max_new_tokens": params.get("max_new_tokens", default_max_new_tokens),
-                                        "stop": params.get(stop_key), "ignore_eos": params.get(eos_key)}, names)
+    max_new_tokens = params.get("max_new_tokens")
+    stopping = checked(StoppingParams, {"max_new_tokens": default_max_new_tokens if max_new_tokens is None
+                                        else max_new_tokens, "stop": params.get(stop_key),
+                                        "ignore_eos": params.get(eos_key)}, names)
     many, prompts = _prompts("inputs", data["inputs"], limits)
     if many and data.get("stream") is True:
         raise invalid_field("stream", True, "streaming needs a single prompt; send 'inputs' as a string")

@@ -8,6 +8,10 @@ body. The answer has exactly N items, in order, each ``binary_encode({"data", "l
 Finished requests leave the list (Java drops them too), so both sides stay in step.
 ``reset_rollingbatch`` (sent after a failed step) clears everything.
 
+A new request whose body is large is parsed and tokenized on a thread while the others keep stepping; until
+its job is ready its items are empty (Java skips empty data). A request that fails to parse, tokenize, decode
+or encode ends alone, with its own status.
+
 One extension: our local server marks a request whose client disconnected with the property
 ``lmi_cancel=true`` so that its slot is freed at once; DJLServing never sends it.
 """

@@ -29,11 +29,11 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                            "by URL is refused)"),
           engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python is installed), "
                                                   "lmi (ours) or djl"),
-          job_queue_size: int = typer.Option(None, help="Default queue length per model "
-                                                               "(SERVING_JOB_QUEUE_SIZE)"),
-          read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request "
-                                                                   "body before answering 408"),
-          max_header_bytes: int = typer.Option(16 * 1024, help="Largest request head in bytes (431 above)"),
+          job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
+          read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
+                                                        "before answering 408"),
+          max_header_bytes: int = typer.Option(16 * 1024, help="Largest size of a request's headers in bytes "
+                                                               "(431 above it)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:

@@ -25,7 +25,7 @@ from .store import ModelStore
 access_log = logging.getLogger("lmi.access")
 INFERENCE = (inference.router, sagemaker_runtime.router)
 MANAGEMENT = (management.router,)
-#: What uvicorn buffers of a request head before refusing it outright; the 431 limit is checked below it.
+#: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
 MAX_BUFFERED_HEAD = 1024 * 1024
 
 
@@ -89,9 +89,9 @@ class _Listener(uvicorn.Server):
 
 def serve(listeners: Sequence[tuple[FastAPI, str, int]], log_level: str) -> None:
     """Run one uvicorn server per (app, host, port) until the first stops (Ctrl-C); then stop the others."""
-    servers = [cls(uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                                  h11_max_incomplete_event_size=MAX_BUFFERED_HEAD))
-               for cls, (app, host, port) in zip([uvicorn.Server] + [_Listener] * len(listeners), listeners)]
+    configs = [uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, host, port in listeners]
+    servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
 
     async def main() -> None:
         async def first() -> None:

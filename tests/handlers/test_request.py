@@ -31,6 +31,12 @@ def test_defaults_and_aliases():
     assert request.stopping.stop == ("x",)
 
 
+def test_null_means_not_sent():
+    (request,) = parse({"inputs": "Hi", "stream": None, "parameters": {"max_new_tokens": None, "temperature": None,
+                                                                      "stop": None}}, 12).requests
+    assert request.stopping.max_new_tokens == 12 and request.sampling.temperature == 1.0 and not request.stream
+
+
 def test_temperature_zero_means_greedy_even_when_sampling():
     (request,) = parse({"inputs": "Hi", "parameters": {"do_sample": True, "temperature": 0}}).requests
     assert request.sampling.greedy
