@@ -110,3 +110,30 @@ def test_openai_stream_failing_mid_answer_raises_with_the_message(server, oai):
     stream = oai.completions.create(model="fox", prompt="[[fail@3]]", max_tokens=6, stream=True)
     with pytest.raises(openai.APIError, match="fail"):
         list(stream)
+
+
+def test_metrics_in_prometheus_text_format(server, oai):
+    """Last in this module: the requests above are what it counts."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    list(oai.completions.create(model="fox", prompt="hi", max_tokens=4, stream=True))
+    response = httpx.get(server.url + "/metrics")
+    assert response.headers["content-type"].startswith("text/plain; version=")
+    families = {f.name: f for f in text_string_to_metric_families(response.text)}
+
+    def value(family, sample_name, **labels):
+        return sum(s.value for s in families[family].samples
+                   if s.name == sample_name and all(s.labels.get(k) == v for k, v in labels.items()))
+
+    assert value("lmi_requests", "lmi_requests_total", model="fox", route="/v1/completions", status="200") >= 3
+    assert value("lmi_requests", "lmi_requests_total", route="/v1/chat/completions", status="400") >= 1
+    assert value("lmi_requests", "lmi_requests_total", model="bonjour", route="/", status="200") >= 2
+    assert value("lmi_time_to_first_token_seconds", "lmi_time_to_first_token_seconds_count", model="fox") >= 2
+    assert value("lmi_inter_token_latency_seconds", "lmi_inter_token_latency_seconds_count", model="fox") >= 3
+    assert value("lmi_request_duration_seconds", "lmi_request_duration_seconds_count", model="bonjour") >= 5
+    assert value("lmi_generated_tokens", "lmi_generated_tokens_total", model="bonjour") >= 3 + 4 + 7
+    assert value("lmi_prompt_tokens", "lmi_prompt_tokens_total", model="fox") > 0
+    assert value("lmi_queue_depth", "lmi_queue_depth", model="fox") == 0
+    assert value("lmi_running_sequences", "lmi_running_sequences", model="fox") == 0
+    assert value("lmi_model_ready", "lmi_model_ready", model="bonjour") == 1
+    assert value("lmi_worker_restarts", "lmi_worker_restarts_total", model="fox") == 0

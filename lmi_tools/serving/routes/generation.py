@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Mapping
+from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import Request
 
@@ -78,7 +78,8 @@ async def generate(request: Request, store: ModelStore, model: ServedModel, body
         text = b"".join([c.data async for c in _chunks(pending)]).decode("utf-8", "replace")
         raise HttpError(start.code, "BadRequestException" if start.code < 500 else "ModelException",
                         error_message(text))
-    return _read(pending)
+    return _read(pending, lambda result: request.app.state.metrics.tokens(model.name, result.prompt_tokens,
+                                                                          result.generated_tokens))
 
 
 async def _chunks(pending: PendingRequest) -> AsyncIterator[Chunk]:
@@ -93,18 +94,17 @@ async def _chunks(pending: PendingRequest) -> AsyncIterator[Chunk]:
             return
 
 
-async def _read(pending: PendingRequest) -> AsyncIterator[Item]:
+async def _read(pending: PendingRequest, count: Callable[[Result], None]) -> AsyncIterator[Item]:
     seen_tokens: set[int] = set()
     buffer = b""
     finished = False
     try:
         async for chunk in _chunks(pending):
-            buffer += chunk.data
-            *lines, buffer = buffer.split(b"\n")
+            *lines, buffer = (buffer + chunk.data).split(b"\n")
             for line in lines:
-                for item in _items(line, seen_tokens):
+                for item in _items(line, seen_tokens, count):
                     yield item
-        for item in _items(buffer, seen_tokens):
+        for item in _items(buffer, seen_tokens, count):  # a JSON answer has no newline at its end
             yield item
         finished = True
     finally:
@@ -112,7 +112,7 @@ async def _read(pending: PendingRequest) -> AsyncIterator[Item]:
             pending.cancelled = True  # the client went away: free the sequence's slot at the next step
 
 
-def _items(line: bytes, seen_tokens: set[int]) -> list[Item]:
+def _items(line: bytes, seen_tokens: set[int], count: Callable[[Result], None]) -> list[Item]:
     text = line.decode("utf-8", "replace").strip()
     if text.startswith("data:"):
         text = text[5:].strip()
@@ -128,6 +128,9 @@ def _items(line: bytes, seen_tokens: set[int]) -> list[Item]:
         if not isinstance(obj, dict):
             return [Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")]
         items += _object_items(obj, index, seen_tokens)
+    for item in items:
+        if isinstance(item, Result):
+            count(item)  # the token counters of /metrics
     return items
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -65,9 +65,15 @@ async def chat(request: Request, store: Store) -> Response:
     headers = {**NO_CACHE, **start.headers}
     if isinstance(first, End):
         return Response(b"", start.code, headers)
+
+    def count(data: bytes) -> None:
+        for usage in _usages(data):
+            request.app.state.metrics.tokens(model.name, usage["prompt_tokens"], usage["completion_tokens"])
+
     if first.final:
+        count(first.data)
         return Response(first.data, start.code, headers)
-    return StreamingResponse(_chat_stream(pending, first), start.code, headers)
+    return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
 
 
 @router.post("/v1/completions", openapi_extra=RAW_BODY)
@@ -122,11 +128,12 @@ def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
     raise HttpError(404, "ModelNotFoundException", f"The model `{name}` does not exist: this server has {served}")
 
 
-async def _chat_stream(pending: PendingRequest, first: Chunk) -> AsyncIterator[bytes]:
+async def _chat_stream(pending: PendingRequest, first: Chunk, count: Callable[[bytes], None]) -> AsyncIterator[bytes]:
     event: Chunk | End = first
     finished = False
     try:
         while isinstance(event, Chunk):
+            count(event.data)
             yield _openai_error_frames(event.data)
             if event.final:
                 break
@@ -135,6 +142,23 @@ async def _chat_stream(pending: PendingRequest, first: Chunk) -> AsyncIterator[b
     finally:
         if not finished:
             pending.cancelled = True  # the client went away (the page's stop button): free the slot
+
+
+def _usages(data: bytes) -> list[dict[str, int]]:
+    """The ``usage`` objects in a chat answer or stream chunk (for the token counters of /metrics)."""
+    if b'"usage"' not in data:
+        return []
+    found = []
+    for line in data.split(b"\n"):
+        text = line.decode("utf-8", "replace")
+        try:
+            obj = json.loads(text[5:] if text.startswith("data:") else text)
+        except ValueError:
+            continue
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        if isinstance(usage, dict) and {"prompt_tokens", "completion_tokens"} <= usage.keys():
+            found.append(usage)
+    return found
 
 
 def _openai_error_frames(data: bytes) -> bytes:

@@ -87,6 +87,8 @@ async def submit(request: Request, store: ModelStore, model: ServedModel, sagema
         headers = [(k, v) for k, v in headers if k.lower() != "accept"] + ([("Accept", accept)] if accept else [])
     pending = PendingRequest(request_input(headers, body, list(request.query_params.multi_items())),
                              asyncio.get_running_loop())
+    request.state.model = model.name  # for the access log and the request counter
+    request.app.state.metrics.watch(pending, model.name)
     try:
         model.submit(pending)
     except QueueFull as exc:
