@@ -18,18 +18,24 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from .routes import inference, management, sagemaker_runtime
+from .routes import inference, management, openai, sagemaker_runtime, tgi
 from .routes.relay import HttpError, djl_error
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
-INFERENCE = (inference.router, sagemaker_runtime.router)
+INFERENCE = (inference.router, openai.router, tgi.router, sagemaker_runtime.router)
 MANAGEMENT = (management.router,)
 #: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
 MAX_BUFFERED_HEAD = 1024 * 1024
 
 
-async def _on_http_error(_: Request, exc: HttpError) -> JSONResponse:
+async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
+    """Each API's clients read errors in its own shape: OpenAI's, TGI's, else DJL's."""
+    path = request.url.path
+    if path.startswith(openai.PREFIX):
+        return openai.error(exc.code, exc.message)
+    if path in tgi.PATHS and request.method == "POST":
+        return tgi.error(exc.code, exc.message)
     return djl_error(exc.code, exc.kind, exc.message)
 
 
