@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from lmi_handlers.errors import Cancelled
 from lmi_handlers.protocol import Input
 
 from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
@@ -204,7 +205,7 @@ class ServedModel:
         except queue.Empty:
             return None
         if job.cancelled:
-            job.answer(499, dict(JSON), b"")
+            job.answer(Cancelled.status, dict(JSON), b"")
             return None
         return job
 

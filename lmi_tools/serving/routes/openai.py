@@ -17,7 +17,7 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from lmi_handlers.rolling import CANCELLED
+from lmi_handlers.errors import Cancelled
 
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
@@ -57,7 +57,7 @@ async def chat(request: Request, store: Store) -> Response:
     pending = await submit(request, store, model, body=raw)
     start = await started(request, pending)
     if start is None:
-        return Response(b"", CANCELLED)
+        return Response(b"", Cancelled.status)
     first = await pending.events.get()
     if start.code >= 400:
         body = first.data if isinstance(first, Chunk) else b""

@@ -13,7 +13,7 @@ from typing import Annotated, AsyncIterator
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from lmi_handlers.rolling import CANCELLED
+from lmi_handlers.errors import Cancelled
 
 from ..dispatcher import Chunk, End, PendingRequest, QueueFull, ServedModel, Start, Status
 from ..store import ModelStore
@@ -151,7 +151,7 @@ async def answer(request: Request, pending: PendingRequest) -> Response:
     """A complete answer goes out with content-length; anything else streams as it arrives."""
     start = await started(request, pending)
     if start is None:
-        return Response(b"", CANCELLED)  # nobody reads it: the client is gone
+        return Response(b"", Cancelled.status)  # nobody reads it: the client is gone
     headers = _response_headers(pending, start)
     first = await pending.events.get()
     if isinstance(first, End):
