@@ -14,6 +14,8 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import Request
 
+from lmi_handlers.errors import Cancelled
+
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
 from .relay import HttpError, started, submit
@@ -73,7 +75,7 @@ async def generate(request: Request, store: ModelStore, model: ServedModel, body
                            accept="application/jsonlines" if stream else "application/json")
     start = await started(request, pending)
     if start is None:
-        raise HttpError(499, "ClientClosed", "the client went away")
+        raise HttpError(Cancelled.status, "ClientClosed", "the client went away")
     if start.code >= 400:
         text = b"".join([c.data async for c in _chunks(pending)]).decode("utf-8", "replace")
         raise HttpError(start.code, "BadRequestException" if start.code < 500 else "ModelException",
