@@ -4,12 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The chat page's browser tests drive Debian's Chromium (no browser download): install it where we may.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing chromium for the browser tests (apt output in .venv/apt.log)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > .venv/apt.log 2>&1 ||
+    echo "chromium could not be installed (see .venv/apt.log): the browser tests will be skipped"
+fi
 .venv/bin/python -m pytest -q "$@"
 
 COMPAT=${COMPAT_VENV:-.venv-compat}
 [ -x "$COMPAT/bin/python" ] || python3 -m venv "$COMPAT"
 "$COMPAT/bin/python" -m pip install -q --upgrade pip
 "$COMPAT/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-"$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors jinja2 pytest pytest-timeout boto3 moto
+"$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors jinja2 pytest pytest-timeout hypothesis boto3 moto
 echo "--- handler tests with transformers 4.43.4"
 "$COMPAT/bin/python" -m pytest -q tests/handlers

@@ -25,7 +25,7 @@ def register(app: typer.Typer) -> None:
     app.command("delete")(delete)
 
 
-def _stderr():
+def stderr_console():
     from rich.console import Console
 
     return Console(stderr=True, soft_wrap=True)
@@ -47,14 +47,14 @@ def upload(source: Path = typer.Argument(..., help="model.tar.gz, or a model dir
     plan = plan_upload(source, destination)
     s3 = aws.client(aws.session(region, profile), "s3")
     columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=_stderr()) as progress:
+    with Progress(*columns, console=stderr_console()) as progress:
         task = progress.add_task(f"{len(plan.files)} file(s)", total=plan.total_bytes)
         send(s3, plan, lambda sent: progress.update(task, advance=sent), part_size * MIB, replace)
     typer.echo(f"uploaded {len(plan.files)} file(s), {plan.total_bytes / MIB:.1f} MiB", err=True)
     typer.echo(str(plan.uri))
 
 
-def _environment(pairs: list[str]) -> dict[str, str]:
+def env_pairs(pairs: list[str]) -> dict[str, str]:
     from ..errors import UsageError
 
     environment = {}
@@ -93,13 +93,13 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
     sess = aws.session(region, profile)
     spec = lib.EndpointSpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
                           region=aws.region_of(sess), image=image, lmi_version=lmi_version,
-                          instance_count=instance_count, environment=_environment(env),
+                          instance_count=instance_count, environment=env_pairs(env),
                           download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size)
     plan = lib.plan_deployment(spec)
     if dry_run:
         typer.echo(json.dumps(plan.as_json(), indent=2))
         return
-    console = _stderr()
+    console = stderr_console()
     console.print(f"image: {plan.image.uri} ({plan.image.source})")
     sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
     seen: list[str] = []

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any, Callable, Mapping
 from lmi_handlers.config import ConfigError, is_rolling, parse_float, parse_int
 
 from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
-from .dispatcher import ModelSettings, ServedModel
+from .dispatcher import ModelSettings, ServedModel, Status
 from .worker.client import WorkerSettings
 
 
@@ -62,6 +63,13 @@ class ServerConfig:
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     engine: str = "auto"
+    #: Longest wait for the next part of a request body (408 after it); ``lmi serve --read-timeout``.
+    read_timeout: float = 60.0
+    #: Largest size of a request's headers (431 above it); ``lmi serve --max-header-bytes``.
+    max_header_bytes: int = 16 * 1024
+    #: Model URLs ``POST /models`` may load (a regular expression the resolved directory must match in full);
+    #: None refuses loading by URL. ``lmi serve --model-url-pattern``.
+    model_url_pattern: str | None = None
     #: Largest SageMaker PayloadPart in bytes (0: one part per chunk); small values test clients' reassembly.
     sagemaker_part_size: int = 0
 
@@ -81,7 +89,10 @@ class ServerConfig:
 
 def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> ModelSettings:
-    props = {**model_properties(model_dir, environ), **(overrides or {})}
+    overrides = overrides or {}
+    for key in overrides:  # checked on their own, so that an error names where they came from
+        setting(overrides, key, None, "in the request's query", minimum=0 if key == "max_batch_delay" else 1)
+    props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
     env = dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
     worker = WorkerSettings(
@@ -104,13 +115,48 @@ class ModelExists(Exception):
     pass
 
 
+class NotAllowed(Exception):
+    """The management API may not load this URL (``--model-url-pattern``)."""
+
+
 class ModelStore:
     """The models this server holds, by name."""
 
     def __init__(self, server: ServerConfig):
         self.server = server
         self.models: dict[str, ServedModel] = {}
+        #: The model directories the operator named at start (name -> directory): the chat page may switch
+        #: among these only, never load a directory it names itself.
+        self.catalog: dict[str, str] = {}
+        #: One model loaded at a time (one accelerator's memory): activating one unloads the others.
+        self.one_at_a_time = False
         self._lock = threading.Lock()
+        self._switching = threading.Lock()
+
+    def offer(self, name: str, url: str, load: bool = True) -> None:
+        """Add an operator's model to the catalog, and load it unless ``load`` is False."""
+        self.catalog[name] = url
+        if load:
+            self.register(name, url)
+
+    def activate(self, name: str) -> ServedModel:
+        """Load a catalog model (again, if it failed); with ``one_at_a_time``, unload the others first."""
+        url = self.catalog[name]
+        with self._switching:
+            model = self.models.get(name)
+            if model is not None and model.status is not Status.FAILED:
+                return model
+            if model is not None:
+                self.unregister(name)
+            if self.one_at_a_time:
+                for other in [n for n in self.models if n != name]:
+                    self.unregister(other)
+            return self.register(name, url)
+
+    def statuses(self) -> dict[str, str]:
+        """Every catalog and loaded model: READY, PENDING, FAILED, or UNLOADED for a catalog model not loaded."""
+        names = list(self.catalog) + [n for n in self.models if n not in self.catalog]
+        return {n: self.models[n].status.value if n in self.models else "UNLOADED" for n in names}
 
     def register(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
         model_dir = Path(url.removeprefix("file://")).expanduser()
@@ -124,6 +170,18 @@ class ModelStore:
             self.models[name] = model
         model.start()
         return model
+
+    def register_url(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
+        """``register`` for the management API: loading a directory runs its code, so only a directory whose
+        resolved path matches ``model_url_pattern`` may be loaded."""
+        pattern = self.server.model_url_pattern
+        resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
+        if pattern is None:
+            raise NotAllowed("loading models by URL is off: start lmi serve with --model-url-pattern REGEX to "
+                             "allow the model directories that match it")
+        if re.fullmatch(pattern, resolved) is None:
+            raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        return self.register(name, url, overrides)
 
     def unregister(self, name: str) -> bool:
         with self._lock:

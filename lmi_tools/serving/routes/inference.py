@@ -1,5 +1,5 @@
 """DJLServing's inference API: ``GET /ping``, ``POST /predictions/{model}[/{version}]``,
-``POST /models/{model}/invoke``, ``POST /invocations`` and ``POST /v1/chat/completions``."""
+``POST /models/{model}/invoke`` and ``POST /invocations`` (OpenAI's and TGI's routes: ``openai.py``, ``tgi.py``)."""
 
 from __future__ import annotations
 
@@ -24,15 +24,14 @@ async def ping(store: Store) -> JSONResponse:
 @router.post("/predictions/{model_name}/{version}", openapi_extra=RAW_BODY)
 @router.post("/models/{model_name}/invoke", openapi_extra=RAW_BODY)
 async def predictions(request: Request, store: Store, model_name: str) -> Response:
-    return await answer(await submit(request, store, named(store, model_name)))
+    return await answer(request, await submit(request, store, named(store, model_name)))
 
 
 @router.post("/invocations", openapi_extra=RAW_BODY)
-@router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
 async def invocations(request: Request, store: Store) -> Response:
     name = request.query_params.get("model_name") or request.headers.get("model_name")
     if name is None:
         if len(store.models) != 1:
             raise HttpError(400, "BadRequestException", "Parameter model_name is required.")
         name = next(iter(store.models))
-    return await answer(await submit(request, store, named(store, name)))
+    return await answer(request, await submit(request, store, named(store, name)))
