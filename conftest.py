@@ -14,3 +14,21 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from lmi_tools.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a model directory: converted by ``lmi model smollm2`` into its cache ($LMI_CACHE,
+    else ~/.cache/lmi) on first use, then reused by every session and checkout. The transformers 4.43.4
+    environment has no GGUF reader: it reads what the main environment converted."""
+    pytest.importorskip("torch")
+    from lmi_tools.errors import ToolError
+    from lmi_tools.models import gguf, smollm2
+
+    out = smollm2.default_dir()
+    try:
+        return smollm2.convert_smollm2(out, say=lambda line: None)
+    except ToolError as exc:
+        if gguf.converted_from(out):
+            return out
+        pytest.fail(f"{exc} ({exc.hint}); or run `lmi model smollm2` from the main environment first")

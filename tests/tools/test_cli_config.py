@@ -26,7 +26,7 @@ def test_every_command_is_registered_once():
 
     names = [command.name for command in app.registered_commands]
     assert len(names) == len(set(names)) == 15
-    assert [group.name for group in app.registered_groups] == ["optimize"]
+    assert [group.name for group in app.registered_groups] == ["model", "optimize"]
 
 
 def test_presets_lists_every_preset(capsys):

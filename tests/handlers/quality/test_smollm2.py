@@ -1,0 +1,163 @@
+"""Quality on a real model: SmolLM2-135M-Instruct (converted once per session by ``lmi model smollm2``), served
+by the handler in rolling-batch mode, as the README's demo serves it. Run alone with ``pytest -m quality``.
+
+Each greedy answer must contain the expected word *and* equal ``model.generate`` on the same prompt, so a
+sensible answer cannot hide an inexact engine, nor an exact engine a broken model directory (a wrong RoPE base
+or tokenizer in transformers 4.43.4 would still be "exact" and answer nonsense).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from lmi_handlers.handler import Handler
+from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+pytestmark = pytest.mark.quality
+
+JSON = [("Content-Type", "application/json")]
+FACTS = [("What is the capital of France?", "Paris"), ("What is the capital of Germany?", "Berlin"),
+         ("What is the capital of Japan?", "Tokyo"), ("What is 2+2?", "4"),
+         ("How many days are there in a week?", "7")]
+# Answers with accents and with Japanese characters, whose bytes are split across tokens.
+NON_ASCII = ["Translate to French: I like coffee with milk.", "Write a short sentence in Spanish about the año nuevo.",
+             "How do you say 'thank you' in Japanese?"]
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir):
+    tokenizer = transformers.AutoTokenizer.from_pretrained(smollm2_dir)
+    return tokenizer, transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
+
+
+@pytest.fixture(scope="module")
+def handler(smollm2_dir, tmp_path_factory):
+    handler = Handler()
+    props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path_factory.mktemp("model")),
+             "rolling_batch": "scheduler", "max_rolling_batch_size": "8"}
+    assert handler.handle(init_input(props)) is None
+    return handler
+
+
+def serve(handler, payloads, join_every=1, seed=0):
+    """Requests through DJLServing's rolling-batch step protocol; one joins every ``join_every`` steps (at a
+    random step when 0). Returns each request's body."""
+    rng = random.Random(seed)
+    loop, pending, bodies, step = RollingBatchLoop(max_size=8), list(enumerate(payloads)), {}, 0
+    while pending or loop.active:
+        if pending and loop.room and (step % join_every == 0 if join_every else rng.random() < 0.5):
+            key, payload = pending.pop(0)
+            loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=1, key=key))
+        step += 1
+        if not loop.active:
+            continue
+        out = handler.handle(loop.next_input())
+        for item in loop.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())]):
+            assert item.code is None, item.error
+            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    return [bodies[i] for i in range(len(payloads))]
+
+
+def ask(handler, payload):
+    return serve(handler, [payload])[0]
+
+
+def chat(question, **extra):
+    return {"messages": [{"role": "user", "content": question}], "max_tokens": 24, "temperature": 0, **extra}
+
+
+def generate(reference, question, max_new_tokens=24):
+    tokenizer, model = reference
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], tokenize=False,
+                                           add_generation_prompt=True)
+    ids = torch.tensor([tokenizer(prompt, add_special_tokens=False).input_ids])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
+    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+
+
+@pytest.fixture(scope="module")
+def alone(handler):
+    """Each question's greedy chat answer, asked alone."""
+    return {q: json.loads(ask(handler, chat(q))) for q in [q for q, _ in FACTS] + NON_ASCII}
+
+
+def content(answer):
+    return answer["choices"][0]["message"]["content"]
+
+
+@pytest.mark.parametrize("question,word", FACTS)
+def test_greedy_chat_answers_the_question(alone, reference, question, word):
+    answer = alone[question]
+    assert word in content(answer)
+    assert content(answer) == generate(reference, question)
+    assert answer["choices"][0]["finish_reason"] == "stop"  # ended by <|im_end|>, before max_tokens
+
+
+def test_the_chat_template_is_the_models(handler, reference):
+    tokenizer, _ = reference
+    answer = json.loads(ask(handler, {"inputs": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
+                                                "<|im_start|>assistant\n", "parameters": {"max_new_tokens": 40}}))
+    assert answer["generated_text"] == "The capital of France is Paris."
+    assert "You are a helpful AI assistant named SmolLM" in tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False)
+
+
+def test_generation_stops_on_the_models_eos(handler, reference):
+    tokenizer, _ = reference
+    plain = json.loads(ask(handler, {"inputs": "<|im_start|>user\nWhat is the capital of Germany?<|im_end|>\n"
+                                               "<|im_start|>assistant\n",
+                                     "parameters": {"max_new_tokens": 40, "details": True}}))
+    details = plain["details"]
+    assert details["finish_reason"] == "eos_token" and details["generated_tokens"] < 40
+    assert details["tokens"][-1]["id"] == tokenizer.convert_tokens_to_ids("<|im_end|>")
+    assert plain["generated_text"] == "The capital of Germany is Berlin."  # the EOS text is not in the answer
+
+
+def test_a_stop_sequence_ends_the_text_exactly(handler):
+    answer = json.loads(ask(handler, chat("What is the capital of France?", stop=[" Paris"])))
+    assert answer["choices"][0]["message"]["content"] == "The capital of France is"
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    prompt = "<|im_start|>user\nWhat is the capital of Japan?<|im_end|>\n<|im_start|>assistant\n"
+    plain = json.loads(ask(handler, {"inputs": prompt, "parameters": {"max_new_tokens": 40, "stop": ["of J"],
+                                                                      "details": True}}))
+    assert plain["generated_text"] == "The capital " and plain["details"]["finish_reason"] == "stop_sequence"
+    stream = ask(handler, {"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": 40, "stop": ["of J"]}})
+    assert "".join(json.loads(line)["token"]["text"] for line in stream.splitlines()) == "The capital "
+
+
+@pytest.mark.parametrize("question", NON_ASCII)
+def test_streamed_text_equals_plain_text_with_non_ascii_output(handler, alone, reference, question):
+    plain = content(alone[question])
+    assert any(ord(ch) > 127 for ch in plain) and plain == generate(reference, question)
+    events = [e[len("data: "):] for e in ask(handler, chat(question, stream=True)).split("\n\n") if e]
+    assert events[-1] == "[DONE]"
+    assert "".join(json.loads(e)["choices"][0]["delta"].get("content", "") for e in events[:-1]) == plain
+
+
+def test_the_same_greedy_answers_inside_a_busy_rolling_batch(handler, alone):
+    # Sampled neighbours of other lengths join and leave at random steps between the greedy requests.
+    noise = [chat("Tell me a story about a dragon.", max_tokens=n, temperature=1.0, seed=n) for n in (30, 7)]
+    payloads = [chat(q) for q in alone]
+    mixed = payloads[:3] + noise[:1] + payloads[3:6] + noise[1:] + payloads[6:]
+    bodies = serve(handler, mixed, join_every=0, seed=3)
+    busy = [content(json.loads(b)) for b, p in zip(bodies, mixed) if p not in noise]
+    assert busy == [content(answer) for answer in alone.values()]
+
+
+def test_sampling_with_a_seed_is_reproducible(handler):
+    payload = {"inputs": "<|im_start|>user\nWrite a sentence about the sea.<|im_end|>\n<|im_start|>assistant\n",
+               "parameters": {"max_new_tokens": 16, "do_sample": True, "temperature": 1.0, "top_p": 0.95,
+                              "seed": 42, "details": True}}
+    first, again = (json.loads(b) for b in serve(handler, [payload, payload]))
+    assert first["generated_text"] == again["generated_text"] and first["generated_text"].strip()
+    other = json.loads(json.dumps(payload))
+    other["parameters"]["seed"] = 7
+    assert json.loads(ask(handler, other))["generated_text"] != first["generated_text"]  # another seed, another sample
+    assert first["details"]["seed"] == 42 and first["details"]["generated_tokens"] <= 16
