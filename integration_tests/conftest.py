@@ -48,10 +48,13 @@ def free_port() -> int:
 
 class Server:
     def __init__(self, models: list[str], env: dict[str, str] | None = None, args: list[str] = ()):
-        self.port = free_port()
+        self.port, self.management_port = free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        #: The management API (/models) listens on a port of its own.
+        self.management_url = f"http://127.0.0.1:{self.management_port}"
         self.log = Path(os.environ.get("TMPDIR", "/tmp")) / f"lmi-serve-{self.port}.log"
-        cmd = [sys.executable, "-m", "lmi_tools", "serve", *models, "--port", str(self.port), *args]
+        cmd = [sys.executable, "-m", "lmi_tools", "serve", *models, "--port", str(self.port),
+               "--management-port", str(self.management_port), *args]
         self.process = subprocess.Popen(cmd, cwd=ROOT, stdout=self.log.open("w"), stderr=subprocess.STDOUT,
                                         env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
 

@@ -69,7 +69,7 @@ def test_rolling_batch_admits_at_most_max_rolling_batch_size(rolling):
         futures = [pool.submit(post, url, payload) for _ in range(6)]
         peak = 0
         while not all(f.done() for f in futures):
-            info = httpx.get(rolling.url + "/models/rolling").json()[0]
+            info = httpx.get(rolling.management_url + "/models/rolling").json()[0]
             peak = max(peak, info["activeRequests"])
             time.sleep(0.01)
     assert all(f.result().json() == {"generated_text": " The quick"} for f in futures)
@@ -94,12 +94,56 @@ def test_client_disconnect_mid_stream_frees_the_slot(rolling):
                       timeout=60) as response:
         lines = response.iter_lines()
         next(lines), next(lines)
-        assert httpx.get(rolling.url + "/models/rolling").json()[0]["activeRequests"] == 1
+        assert httpx.get(rolling.management_url + "/models/rolling").json()[0]["activeRequests"] == 1
     deadline = time.monotonic() + 10  # 2000 tokens would take 40 s: the slot must free long before
-    while httpx.get(rolling.url + "/models/rolling").json()[0]["activeRequests"] and time.monotonic() < deadline:
+    while active(rolling) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert httpx.get(rolling.url + "/models/rolling").json()[0]["activeRequests"] == 0
+    assert active(rolling) == 0
     assert post(url, {"inputs": "x", "parameters": {"max_new_tokens": 2}}).json() == {"generated_text": " T"}
+
+
+def active(server):
+    return httpx.get(server.management_url + "/models/rolling").json()[0]["activeRequests"]
+
+
+def test_client_disconnect_from_a_plain_request_frees_the_slot(rolling):
+    """Issue 12 #3: a non-streaming client that goes away is cancelled too, not only a streaming one."""
+    url = rolling.url + "/predictions/rolling"
+    with pytest.raises(httpx.ReadTimeout):  # 2000 tokens take 40 s; the client gives up after 1
+        post(url, {"inputs": "x", "parameters": {"max_new_tokens": 2000}}, timeout=1)
+    deadline = time.monotonic() + 5
+    while active(rolling) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert active(rolling) == 0
+
+
+GOOD_STREAMS = [{"inputs": prompt, "stream": True, "parameters": {"max_new_tokens": n}}
+                for prompt, n in (("a", 60), ("bb", 50))]  # the rolling batch holds 3: one slot stays free
+MALFORMED_BODIES = [b'{"inputs": "a\\ud800b"}',
+                    b'{"inputs": "x", "parameters": {"max_new_tokens": ' + b"9" * 5000 + b"}}",
+                    b"[" * 100_000 + b"]" * 100_000, b'{"inputs": "\xff"}', b'{"inputs": "  "}', b"{nope",
+                    b'{"messages": [{"role": "user", "content": "x", "name": 5}]}', b'{"inputs": "x", "parameters": 7}',
+                    b'{"messages": [{"role": "user", "content": "x"}], "n": true}', b'{"inputs": ["x"]}' * 3]
+
+
+def stream_text(url, payload):
+    status, _, lines = stream_lines(url, payload)
+    return status, "".join(line["token"]["text"] for line in lines)
+
+
+def test_malformed_requests_into_a_running_rolling_batch(rolling):
+    """Issue 12: a stream of malformed requests sent while good streams run; each good stream's text equals the
+    text it gets alone, and every bad request gets its own 400."""
+    url = rolling.url + "/predictions/rolling"
+    alone = [stream_text(url, payload) for payload in GOOD_STREAMS]
+    with concurrent.futures.ThreadPoolExecutor(len(GOOD_STREAMS)) as pool:
+        together = [pool.submit(stream_text, url, payload) for payload in GOOD_STREAMS]
+        time.sleep(0.1)
+        bad = [httpx.post(url, content=body, headers={"content-type": "application/json"}, timeout=60)
+               for body in MALFORMED_BODIES * 2]
+        assert [f.result() for f in together] == alone
+    assert all(status == 200 and text for status, text in alone)
+    assert [response.status_code for response in bad] == [400] * len(bad), [r.text for r in bad]
 
 
 def test_a_backend_failure_mid_stream_ends_that_stream_with_an_error(rolling):

@@ -1,7 +1,9 @@
 """Every inference route of lmi serve, and the Input each one delivers, over real sockets."""
 
 import json
+import socket
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -102,9 +104,10 @@ def test_handler_override_header_is_refused(server):
 
 def test_openapi_schema_is_served(server):
     schema = httpx.get(server.url + "/openapi.json").json()
-    for path in ("/ping", "/predictions/{model_name}", "/invocations", "/v1/chat/completions", "/models",
+    for path in ("/ping", "/predictions/{model_name}", "/invocations", "/v1/chat/completions",
                  "/endpoints/{endpoint}/invocations-response-stream"):
         assert path in schema["paths"]
+    assert "/models" in httpx.get(server.management_url + "/openapi.json").json()["paths"]
 
 
 def test_over_large_body_is_413(serve):
@@ -123,3 +126,22 @@ def test_curl_plain_and_streaming(server):
                              "Content-Type: application/json", "-d", '{"inputs": "hi", "stream": true}'],
                             capture_output=True, text=True, check=True)
     assert len(stream.stdout.splitlines()) == 6
+
+
+def test_oversized_headers_are_431(server):
+    """Issue 12 #8: a 100 KB header is refused before any route runs."""
+    response = post(server, "/predictions/scripted", {"inputs": "x"}, headers={"x-big": "a" * 100_000})
+    assert response.status_code == 431 and "--max-header-bytes" in response.json()["message"]
+    assert post(server, "/predictions/scripted", {"inputs": "x", "parameters": {"max_new_tokens": 1}},
+                headers={"x-small": "a" * 1000}).status_code == 200
+
+
+def test_a_half_sent_body_is_408(serve):
+    """Issue 12 #8: a client that stops sending its body is answered 408 after --read-timeout, not held open."""
+    server = serve([serve.scripted()], args=["--read-timeout", "1"])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
+        sock.sendall(b"POST /predictions/scripted HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 100\r\n\r\n{\"inputs\": ")
+        began = time.monotonic()
+        answer = sock.recv(65536).decode()
+    assert answer.startswith("HTTP/1.1 408") and time.monotonic() - began < 20

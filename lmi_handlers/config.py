@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
+from .schemas import RequestLimits
 
 logger = logging.getLogger(__name__)
 
@@ -129,6 +130,8 @@ class HandlerConfig:
     tensor_parallel_degree: int | None = 1
     #: Upper bound on prompt + generated tokens (default: what the model supports).
     max_model_len: int | None = None
+    #: Per-request bounds checked before tokenizing (``option.max_prompt_chars``, ``option.max_prompts_per_request``).
+    limits: RequestLimits = RequestLimits()
     #: All init properties as received, for backend-specific options.
     properties: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
@@ -166,6 +169,10 @@ class HandlerConfig:
             tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
             else parse_int(props, "tensor_parallel_degree", 1),
             max_model_len=parse_int(props, "max_model_len", None),
+            limits=RequestLimits(
+                max_prompt_chars=parse_int(props, "max_prompt_chars", RequestLimits.max_prompt_chars),
+                max_prompts_per_request=parse_int(props, "max_prompts_per_request",
+                                                  RequestLimits.max_prompts_per_request)),
             properties=dict(props),
         )
         if config.rolling and config.batch_size > 1:
@@ -204,7 +211,8 @@ NEURONX_KEYS = frozenset({
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens",
-    "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision",
+    "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
+    "max_prompts_per_request",
 })
 
 

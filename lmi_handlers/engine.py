@@ -88,7 +88,11 @@ class Engine:
         events = {}
         for seq in active:
             token_id, log_prob = chosen[seq.uid]
-            events[seq.uid] = seq.append(token_id, log_prob)
+            try:
+                events[seq.uid] = seq.append(token_id, log_prob)
+            except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
+                logger.exception("detokenizing sequence %d failed", seq.uid)
+                events[seq.uid] = [seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}")]
         self.running = [seq for seq in active if not seq.finished]
         for seq in active:
             if seq.finished:

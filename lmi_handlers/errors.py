@@ -36,7 +36,10 @@ class InvalidRequest(HandlerError):
 
 def invalid_field(field: str, value: Any, allowed: str) -> InvalidRequest:
     """An ``InvalidRequest`` whose message names the field, the value received and what is allowed."""
-    shown = repr(value)
+    try:
+        shown = repr(value)
+    except (ValueError, RecursionError):  # an integer too long to print, a structure too deep
+        shown = f"a {type(value).__name__} too large to show"
     if len(shown) > 80:
         shown = shown[:77] + "..."
     return InvalidRequest(f"{field}: {allowed}, got {shown}", field=field, value=value)

@@ -62,8 +62,14 @@ class Handler:
     # --- non-rolling modes --------------------------------------------------------------------
 
     def _prepare(self, item: Any) -> Job:
+        """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
         assert self.config is not None and self.backend is not None
-        return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"))
+        try:
+            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"))
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
+            if not isinstance(exc, HandlerError):
+                logger.exception("preparing a request failed")
+            return Job.rejected(exc)
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
@@ -77,22 +83,13 @@ class Handler:
             if job.error is not None:
                 return output.error(job.error.message, code=job.error.code, message=reason_phrase(job.error.code))
             return output.add_property("content-type", job.content_type).add(body)
-        jobs: list[Job | HandlerError] = []
-        for item in items:
-            try:
-                jobs.append(self._prepare(item))
-            except HandlerError as exc:
-                jobs.append(exc)
-        bodies = self._complete([job for job in jobs if isinstance(job, Job)])
+        jobs = [self._prepare(item) for item in items]
         output = djl.new_output()
-        runs = iter(bodies)
         types = set()
-        for i, job in enumerate(jobs):
-            if isinstance(job, HandlerError):
-                body = dumps(error_object(job.status, str(job)))
+        for i, (job, body) in enumerate(zip(jobs, self._complete(jobs))):
+            if job.error is not None:
+                body = job.error_body()
             else:
-                body = next(runs)
-                body = job.error_body() if job.error is not None else body
                 types.add(job.content_type)
             output.add(body, key="data", batch_index=i)
         # Headers are shared by the whole batch (DJL's contract); name a type only if all agree.

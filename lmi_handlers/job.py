@@ -1,8 +1,10 @@
 """One client request from arrival to answer: parsing, tokenizing, and assembling the response.
 
 ``prepare_job`` turns one ``Input`` item into a ``Job`` (or raises ``InvalidRequest``): the body is
-parsed into typed requests, each prompt is tokenized and checked against the model's context, and
-each gets a ``SequenceState`` and an ``Encoder``. As the engine produces events, ``Job.take``
+parsed into typed requests within the configured ``RequestLimits``, each prompt is tokenized and checked
+against the model's context, and each gets a ``SequenceState`` and an ``Encoder``. A request that fails
+before generation, for whatever reason, is a ``Job.rejected``: it answers with its own error and nothing
+else is affected. As the engine produces events, ``Job.take``
 returns the text due to the client now - every token for a stream, the whole body at the end
 otherwise - so the same object serves a plain call, a stream and a rolling-batch request.
 """
@@ -15,7 +17,7 @@ from typing import Any, Mapping
 from .backends.base import Backend
 from .config import HandlerConfig
 from .encoding import Encoder, choose_format, dumps, error_object
-from .errors import InvalidRequest, invalid_field
+from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
 from .request import GenerationRequest, Payload, Schema, decode_body, parse_payload
 from .sequence import SequenceState
@@ -28,15 +30,22 @@ class Job:
         self.encoders = encoders
         self.results: dict[int, GenerationResult] = {}
         self.error: ErrorEvent | None = None
-        self.sent_any = False
+
+    @classmethod
+    def rejected(cls, error: BaseException) -> "Job":
+        """A request that failed before generation (bad input, a tokenizer failure): done, with its error."""
+        message = str(error) if isinstance(error, HandlerError) else f"{type(error).__name__}: {error}"
+        job = cls(Payload(()), [], [])
+        job.error = ErrorEvent(status_of(error), message)
+        return job
 
     @property
     def streaming(self) -> bool:
-        return not self.payload.many and self.encoders[0].format.streaming
+        return bool(self.encoders) and not self.payload.many and self.encoders[0].format.streaming
 
     @property
     def content_type(self) -> str:
-        return self.encoders[0].content_type
+        return self.encoders[0].content_type if self.encoders and self.error is None else "application/json"
 
     @property
     def done(self) -> bool:
@@ -59,9 +68,7 @@ class Job:
         if self.payload.many and self.done and self.error is None:
             out.append(dumps([enc.result_object(self.results[seq.uid])
                               for seq, enc in zip(self.seqs, self.encoders)]))
-        text = "".join(out)
-        self.sent_any = self.sent_any or bool(text)
-        return text
+        return "".join(out)
 
     def error_body(self) -> str:
         assert self.error is not None
@@ -70,8 +77,8 @@ class Job:
 
 def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None) -> Job:
     """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input."""
-    data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"))
-    payload = parse_payload(data, config.max_new_tokens)
+    data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
+    payload = parse_payload(data, config.max_new_tokens, config.limits)
     accept = item.get_property("Accept")
     seqs, encoders = [], []
     for request in payload.requests:

@@ -8,85 +8,23 @@ Three schemas are accepted:
 * the original inf2 examples: ``{"text": str | [str], "seq_length": N}`` (N counts prompt and
   generated tokens, as ``transformers_neuronx``'s ``sample()`` does)
 
-Anything out of range, of the wrong type or unknown is an ``InvalidRequest`` (HTTP 400) whose
-message names the field, the value and what is allowed. The caller's dict is never modified.
+The parsers only map each schema's names onto the typed fields of ``schemas.py``, which check their own
+types and ranges. Anything out of range, of the wrong type, unknown or beyond ``RequestLimits`` is an
+``InvalidRequest`` (HTTP 400) whose message names the field, the value and what is allowed; no body, however
+malformed, raises anything else. The caller's dict is never modified.
 """
 
 from __future__ import annotations
 
-import enum
 import json
-import math
-from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import InvalidRequest, invalid_field
+from .schemas import (GenerationRequest, Payload, RequestLimits, SamplingParams, Schema, StoppingParams,
+                      checked, rule_of)
 
-MAX_STOP_SEQUENCES = 16
-MAX_SEED = 2**63 - 1
-
-
-class Schema(str, enum.Enum):
-    LMI = "lmi"
-    CHAT = "chat"
-    LEGACY = "legacy"
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the next token is chosen. ``do_sample=False`` is greedy decoding."""
-
-    do_sample: bool = False
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return not self.do_sample
-
-
-@dataclass(frozen=True)
-class StoppingParams:
-    """When generation ends: a token budget, stop sequences, and whether EOS ends it."""
-
-    max_new_tokens: int
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-
-
-@dataclass(frozen=True)
-class GenerationRequest:
-    """One prompt to complete, with everything that shapes the answer."""
-
-    schema: Schema
-    prompt: str
-    sampling: SamplingParams
-    stopping: StoppingParams
-    stream: bool = False
-    details: bool = False
-    return_full_text: bool = False
-    #: Chat messages as (role, text) pairs; the prompt is rendered from them by the backend.
-    messages: tuple[tuple[str, str], ...] = ()
-    #: The legacy schema's total length (prompt + generated); max_new_tokens is derived from it.
-    seq_length: int | None = None
-    model: str | None = None
-    include_usage: bool = False
-
-
-@dataclass(frozen=True)
-class Payload:
-    """One HTTP request: one or more prompts, and whether the answer is a JSON list."""
-
-    requests: tuple[GenerationRequest, ...]
-    many: bool = False
-
-    @property
-    def stream(self) -> bool:
-        return any(r.stream for r in self.requests)
-
+__all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "Schema", "StoppingParams",
+           "decode_body", "parse_payload"]
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos",
@@ -95,9 +33,11 @@ CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temp
                "stop", "seed", "stream", "stream_options", "n", "logprobs", "top_logprobs",
                "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user")
 CHAT_ROLES = ("system", "developer", "user", "assistant")
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
 
 
-def decode_body(body: bytes | bytearray | None, content_type: str | None) -> Any:
+def decode_body(body: bytes | bytearray | None, content_type: str | None,
+                limits: RequestLimits = RequestLimits()) -> Any:
     """The request body as a JSON value; ``text/plain`` is taken as the prompt itself."""
     raw = bytes(body or b"")
     try:
@@ -110,25 +50,59 @@ def decode_body(body: bytes | bytearray | None, content_type: str | None) -> Any
         raise InvalidRequest("request body is empty: send a JSON object such as "
                              '{"inputs": "Hello", "parameters": {"max_new_tokens": 16}}')
     try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
+        data = json.loads(text)
+    except RecursionError:
+        raise InvalidRequest(f"request body is nested too deeply: at most {limits.max_json_depth} levels of "
+                             "objects and lists are allowed") from None
+    except ValueError as exc:  # JSONDecodeError, and integers longer than Python converts (sys.int_info)
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    _check_tree(data, limits.max_json_depth)
+    return data
 
 
-def parse_payload(data: Any, default_max_new_tokens: int) -> Payload:
+def _check_tree(data: Any, max_depth: int) -> None:
+    """Refuse nesting deeper than ``max_depth`` and strings that are not valid Unicode (lone surrogates, which
+    JSON's ``\\ud800`` escapes can produce and no tokenizer or encoder accepts)."""
+    stack: list[tuple[Any, str, int]] = [(data, "body", 1)]
+    while stack:
+        value, path, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > max_depth:
+                raise InvalidRequest(f"{path}: request body is nested too deeply: at most {max_depth} levels of "
+                                     "objects and lists are allowed", field=path)
+            items = value.items() if isinstance(value, dict) else enumerate(value)
+            for key, child in items:
+                if isinstance(key, str):
+                    _check_text(f"{path} key", key)
+                child_path = f"{path}[{key}]" if isinstance(value, list) else (
+                    key if path == "body" else f"{path}.{key}")
+                stack.append((child, child_path, depth + 1))
+        elif isinstance(value, str):
+            _check_text(path, value)
+
+
+def _check_text(path: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidRequest(f"{path}: not valid Unicode: a lone surrogate {text[exc.start]!r} at character "
+                             f"{exc.start} (send characters, not halves of UTF-16 pairs)", field=path) from None
+
+
+def parse_payload(data: Any, default_max_new_tokens: int, limits: RequestLimits = RequestLimits()) -> Payload:
     if not isinstance(data, Mapping):
         raise invalid_field("body", data, "expected a JSON object")
     if "messages" in data:
-        return Payload((_parse_chat(data, default_max_new_tokens),))
+        return Payload((_parse_chat(data, default_max_new_tokens, limits),))
     if "inputs" in data:
-        return _parse_lmi(data, default_max_new_tokens)
+        return _parse_lmi(data, default_max_new_tokens, limits)
     if "text" in data:
-        return _parse_legacy(data)
+        return _parse_legacy(data, limits)
     raise InvalidRequest("request must contain 'inputs' (LMI schema), 'messages' (chat schema) or 'text' "
                          f"(inf2 example schema); got keys {sorted(map(str, data))}")
 
 
-# --- field helpers ------------------------------------------------------------------------------
+# --- shared pieces ------------------------------------------------------------------------------
 
 def _check_known(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) -> None:
     unknown = sorted(str(k) for k in data if k not in allowed)
@@ -138,92 +112,63 @@ def _check_known(data: Mapping[str, Any], allowed: tuple[str, ...], where: str) 
                              field=prefix + unknown[0])
 
 
-def _bool(field: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise invalid_field(field, value, "expected true or false")
+def _object(field: str, value: Any) -> Mapping[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise invalid_field(field, value, "expected a JSON object")
     return value
 
 
-def _int(field: str, value: Any, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or (
-            maximum is not None and value > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise invalid_field(field, value, f"expected an integer >= {minimum}{upper}")
+def _prompts(field: str, value: Any, limits: RequestLimits) -> tuple[bool, list[str]]:
+    """Whether ``value`` is a list, and its prompts: each a string with text in it, within the limits."""
+    many = isinstance(value, list)
+    prompts = value if many else [value]
+    if many and not prompts:
+        raise invalid_field(field, value, "expected a non-empty string or a non-empty list of strings")
+    if len(prompts) > limits.max_prompts_per_request:
+        raise invalid_field(field, f"a list of {len(prompts)} prompts",
+                            f"at most {limits.max_prompts_per_request} prompts in one request "
+                            "(option.max_prompts_per_request)")
+    for i, prompt in enumerate(prompts):
+        _prompt(f"{field}[{i}]" if many else field, prompt, limits)
+    return many, prompts
+
+
+def _prompt(field: str, value: Any, limits: RequestLimits) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise invalid_field(field, value, "expected a non-empty string with text in it, not only whitespace")
+    if len(value) > limits.max_prompt_chars:
+        raise invalid_field(field, f"a prompt of {len(value):,} characters",
+                            f"at most {limits.max_prompt_chars:,} characters (option.max_prompt_chars)")
     return value
 
 
-def _float(field: str, value: Any, allowed: str, ok) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not ok(value):
-        raise invalid_field(field, value, allowed)
-    return float(value)
+# --- schemas: name mapping only -----------------------------------------------------------------
 
-
-def _stop(field: str, value: Any) -> tuple[str, ...]:
-    stops = [value] if isinstance(value, str) else value
-    if (not isinstance(stops, list) or len(stops) > MAX_STOP_SEQUENCES
-            or not all(isinstance(s, str) and s for s in stops)):
-        raise invalid_field(field, value, f"expected a non-empty string or a list of at most "
-                                          f"{MAX_STOP_SEQUENCES} non-empty strings")
-    return tuple(stops)
-
-
-def _prompt(field: str, value: Any) -> str:
-    if not isinstance(value, str) or not value:
-        raise invalid_field(field, value, "expected a non-empty string")
-    return value
-
-
-# --- schemas ------------------------------------------------------------------------------------
-
-def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int) -> Payload:
+def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: RequestLimits) -> Payload:
     _check_known(data, ("inputs", "parameters", "stream"), "")
-    params = data.get("parameters")
-    params = {} if params is None else params
-    if not isinstance(params, Mapping):
-        raise invalid_field("parameters", params, "expected a JSON object")
+    params = _object("parameters", data.get("parameters"))
     _check_known(params, LMI_PARAMETERS, "parameters")
-    stream = _bool("stream", data["stream"]) if "stream" in data else False
-
-    def p(name: str) -> str:
-        return f"parameters.{name}"
-
-    temperature = _float(p("temperature"), params.get("temperature", 1.0), "expected a number >= 0",
-                         lambda v: v >= 0)
-    do_sample = _bool(p("do_sample"), params["do_sample"]) if "do_sample" in params else False
-    sampling = SamplingParams(
-        do_sample=do_sample and temperature > 0,
-        temperature=temperature if temperature > 0 else 1.0,
-        top_k=_int(p("top_k"), params.get("top_k", 0), 0),
-        top_p=_float(p("top_p"), params.get("top_p", 1.0), "expected a number in (0, 1]", lambda v: 0 < v <= 1),
-        repetition_penalty=_float(p("repetition_penalty"), params.get("repetition_penalty", 1.0),
-                                  "expected a number > 0", lambda v: v > 0),
-        seed=_int(p("seed"), params["seed"], 0, MAX_SEED) if params.get("seed") is not None else None,
-    )
     stop_key = "stop" if "stop" in params else "stop_sequences"
     eos_key = "ignore_eos" if "ignore_eos" in params else "ignore_eos_token"
-    stopping = StoppingParams(
-        max_new_tokens=_int(p("max_new_tokens"), params.get("max_new_tokens", default_max_new_tokens), 1),
-        stop=_stop(p(stop_key), params[stop_key]) if params.get(stop_key) is not None else (),
-        ignore_eos=_bool(p(eos_key), params[eos_key]) if eos_key in params else False,
-    )
-    details = _bool(p("details"), params["details"]) if "details" in params else False
-    full_text = _bool(p("return_full_text"), params["return_full_text"]) if "return_full_text" in params else False
-
-    inputs = data["inputs"]
-    many = isinstance(inputs, list)
-    prompts = inputs if many else [inputs]
-    if many and not prompts:
-        raise invalid_field("inputs", inputs, "expected a non-empty string or a non-empty list of strings")
-    if many and stream:
-        raise invalid_field("stream", stream, "streaming needs a single prompt; send 'inputs' as a string")
-    requests = tuple(
-        GenerationRequest(Schema.LMI, _prompt("inputs" if not many else f"inputs[{i}]", prompt), sampling,
-                          stopping, stream=stream, details=details, return_full_text=full_text)
-        for i, prompt in enumerate(prompts))
-    return Payload(requests, many=many)
+    names = {key: f"parameters.{key}" for key in LMI_PARAMETERS}
+    names.update(stream="stream", stop=f"parameters.{stop_key}", ignore_eos=f"parameters.{eos_key}")
+    sampling = checked(SamplingParams, {key: params.get(key) for key in SAMPLING_FIELDS}, names)
+    max_new_tokens = params.get("max_new_tokens")
+    stopping = checked(StoppingParams, {"max_new_tokens": default_max_new_tokens if max_new_tokens is None
+                                        else max_new_tokens, "stop": params.get(stop_key),
+                                        "ignore_eos": params.get(eos_key)}, names)
+    many, prompts = _prompts("inputs", data["inputs"], limits)
+    if many and data.get("stream") is True:
+        raise invalid_field("stream", True, "streaming needs a single prompt; send 'inputs' as a string")
+    response = {"stream": data.get("stream"), "details": params.get("details"),
+                "return_full_text": params.get("return_full_text")}
+    return Payload(tuple(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
+                                 sampling=sampling, stopping=stopping) for prompt in prompts), many=many)
 
 
-def _chat_messages(value: Any) -> tuple[tuple[str, str], ...]:
+def _chat_messages(value: Any, limits: RequestLimits) -> tuple[tuple[str, str], ...]:
     if not isinstance(value, list) or not value:
         raise invalid_field("messages", value, "expected a non-empty list of {role, content} objects")
     messages = []
@@ -235,7 +180,16 @@ def _chat_messages(value: Any) -> tuple[tuple[str, str], ...]:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise invalid_field(f"{field}.role", role, f"allowed roles are {', '.join(CHAT_ROLES)}")
-        messages.append((role, _chat_content(f"{field}.content", message.get("content"))))
+        if message.get("name") is not None and not isinstance(message["name"], str):
+            raise invalid_field(f"{field}.name", message["name"], "expected a string")
+        content = _chat_content(f"{field}.content", message.get("content"))
+        if not content.strip():
+            raise invalid_field(f"{field}.content", content, "expected text, not only whitespace")
+        messages.append((role, content))
+    total = sum(len(content) for _, content in messages)
+    if total > limits.max_prompt_chars:
+        raise invalid_field("messages", f"messages of {total:,} characters",
+                            f"at most {limits.max_prompt_chars:,} characters in all (option.max_prompt_chars)")
     return tuple(messages)
 
 
@@ -253,63 +207,47 @@ def _chat_content(field: str, content: Any) -> str:
     raise invalid_field(field, content, "expected a string or a list of text parts")
 
 
-def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int) -> GenerationRequest:
-    _check_known(data, CHAT_FIELDS, "")
-    if data.get("n", 1) != 1:
-        raise invalid_field("n", data["n"], "only n=1 is supported")
+def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
+    """OpenAI fields accepted only at the value that means "off"."""
+    n = data.get("n")
+    if n is not None and (type(n) is not int or n != 1):
+        raise invalid_field("n", n, "only n=1 is supported")
     for name in ("frequency_penalty", "presence_penalty"):
-        if data.get(name, 0) not in (0, 0.0, None):
+        if data.get(name) is not None and (isinstance(data[name], bool) or data[name] != 0):
             raise invalid_field(name, data[name], "not supported by this model server; omit it or send 0")
-    if data.get("top_logprobs") not in (None, 0):
-        raise invalid_field("top_logprobs", data["top_logprobs"], "not supported; use logprobs=true")
+    top_logprobs = data.get("top_logprobs")
+    if top_logprobs is not None and (type(top_logprobs) is not int or top_logprobs != 0):
+        raise invalid_field("top_logprobs", top_logprobs, "not supported; use logprobs=true")
+    for name in ("model", "user"):
+        if data.get(name) is not None and not isinstance(data[name], str):
+            raise invalid_field(name, data[name], "expected a string")
+
+
+def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: RequestLimits) -> GenerationRequest:
+    _check_known(data, CHAT_FIELDS, "")
+    _check_chat_unsupported(data)
     budget_key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
-    temperature = _float("temperature", data.get("temperature", 1.0), "expected a number in [0, 2]",
-                         lambda v: 0 <= v <= 2) if data.get("temperature") is not None else 1.0
-    stream_options = data.get("stream_options")
-    stream_options = {} if stream_options is None else stream_options
-    if not isinstance(stream_options, Mapping):
-        raise invalid_field("stream_options", stream_options, "expected an object")
+    stream_options = _object("stream_options", data.get("stream_options"))
     _check_known(stream_options, ("include_usage",), "stream_options")
-    model = data.get("model")
-    if model is not None and not isinstance(model, str):
-        raise invalid_field("model", model, "expected a string")
-    sampling = SamplingParams(
-        do_sample=temperature > 0,
-        temperature=temperature if temperature > 0 else 1.0,
-        top_k=_int("top_k", data.get("top_k", 0), 0),
-        top_p=_float("top_p", data.get("top_p", 1.0), "expected a number in (0, 1]", lambda v: 0 < v <= 1)
-        if data.get("top_p") is not None else 1.0,
-        repetition_penalty=_float("repetition_penalty", data.get("repetition_penalty", 1.0),
-                                  "expected a number > 0", lambda v: v > 0),
-        seed=_int("seed", data["seed"], 0, MAX_SEED) if data.get("seed") is not None else None,
-    )
-    stopping = StoppingParams(
-        max_new_tokens=_int(budget_key, data[budget_key], 1) if data.get(budget_key) is not None
-        else default_max_new_tokens,
-        stop=_stop("stop", data["stop"]) if data.get("stop") is not None else (),
-        ignore_eos=_bool("ignore_eos", data["ignore_eos"]) if "ignore_eos" in data else False,
-    )
-    return GenerationRequest(
-        Schema.CHAT, "", sampling, stopping,
-        stream=_bool("stream", data["stream"]) if data.get("stream") is not None else False,
-        details=_bool("logprobs", data["logprobs"]) if data.get("logprobs") is not None else False,
-        messages=_chat_messages(data.get("messages")), model=model,
-        include_usage=_bool("stream_options.include_usage", stream_options.get("include_usage", False)),
-    )
+    names = {"max_new_tokens": budget_key, "details": "logprobs", "include_usage": "stream_options.include_usage"}
+    # OpenAI samples unless the temperature is 0.
+    sampling = checked(SamplingParams, {key: data.get(key) for key in SAMPLING_FIELDS if key != "do_sample"},
+                       names, do_sample=True)
+    max_new_tokens = data.get(budget_key)
+    stopping = checked(StoppingParams, {"max_new_tokens": default_max_new_tokens if max_new_tokens is None
+                                        else max_new_tokens, "stop": data.get("stop"),
+                                        "ignore_eos": data.get("ignore_eos")}, names)
+    response = {"stream": data.get("stream"), "details": data.get("logprobs"),
+                "include_usage": stream_options.get("include_usage")}
+    return checked(GenerationRequest, response, names, schema=Schema.CHAT, prompt="", sampling=sampling,
+                   stopping=stopping, messages=_chat_messages(data.get("messages"), limits), model=data.get("model"))
 
 
-def _parse_legacy(data: Mapping[str, Any]) -> Payload:
+def _parse_legacy(data: Mapping[str, Any], limits: RequestLimits) -> Payload:
     _check_known(data, ("text", "seq_length"), "")
-    text = data["text"]
-    many = isinstance(text, list)
-    prompts = text if many else [text]
-    if many and not prompts:
-        raise invalid_field("text", text, "expected a non-empty string or a non-empty list of strings")
-    seq_length = _int("seq_length", data.get("seq_length", 50), 2)
-    # max_new_tokens is fixed per prompt once its length is known (see Handler._prepare).
-    requests = tuple(
-        GenerationRequest(Schema.LEGACY, _prompt("text" if not many else f"text[{i}]", prompt),
-                          SamplingParams(), StoppingParams(max_new_tokens=seq_length - 1),
-                          return_full_text=True, seq_length=seq_length)
-        for i, prompt in enumerate(prompts))
-    return Payload(requests, many=many)
+    many, prompts = _prompts("text", data["text"], limits)
+    seq_length = rule_of(GenerationRequest, "seq_length").check("seq_length", data.get("seq_length", 50))
+    # max_new_tokens is fixed per prompt once its length is known (job._token_budget).
+    stopping = StoppingParams(max_new_tokens=seq_length - 1)
+    return Payload(tuple(GenerationRequest(Schema.LEGACY, prompt, SamplingParams(), stopping, return_full_text=True,
+                                           seq_length=seq_length) for prompt in prompts), many=many)

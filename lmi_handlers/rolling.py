@@ -8,6 +8,10 @@ body. The answer has exactly N items, in order, each ``binary_encode({"data", "l
 Finished requests leave the list (Java drops them too), so both sides stay in step.
 ``reset_rollingbatch`` (sent after a failed step) clears everything.
 
+A new request whose body is large is parsed and tokenized on a thread while the others keep stepping; until
+its job is ready its items are empty (Java skips empty data). A request that fails to parse, tokenize, decode
+or encode ends alone, with its own status.
+
 One extension: our local server marks a request whose client disconnected with the property
 ``lmi_cancel=true`` so that its slot is freed at once; DJLServing never sends it.
 """
@@ -15,10 +19,11 @@ One extension: our local server marks a request whose client disconnected with t
 from __future__ import annotations
 
 import logging
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from . import djl
-from .errors import BackendError, HandlerError
+from .errors import BackendError
 from .events import Event
 from .job import Job
 
@@ -26,6 +31,10 @@ logger = logging.getLogger(__name__)
 
 CANCEL_PROPERTY = "lmi_cancel"
 CANCELLED = 499  # nginx's "client closed request": nobody reads it, but the last item always says why
+#: How long an idle step waits for a request being tokenized before answering "nothing yet".
+IDLE_WAIT = 0.05
+#: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
+INLINE_BODY_BYTES = 32 * 1024
 
 
 def _truthy(value: Any) -> bool:
@@ -33,27 +42,26 @@ def _truthy(value: Any) -> bool:
 
 
 class _Entry:
-    """One request as Java sees it: a job, or an error found while parsing it."""
+    """One request as Java sees it: its job once parsed and tokenized (off the step loop, in ``pending``)."""
 
-    def __init__(self, job: Job | None = None, error: HandlerError | None = None):
-        self.job, self.error = job, error
+    def __init__(self, pending: Future[Job]):
+        self.pending = pending
+        self.job: Job | None = None
         self.cancelled = False
 
     @property
     def done(self) -> bool:
-        return self.error is not None or self.cancelled or (self.job is not None and self.job.done)
+        return self.cancelled or (self.job is not None and self.job.done)
 
     @property
     def content_type(self) -> str:
-        if self.job is None or self.job.error is not None:
-            return "application/json"
-        return self.job.content_type
+        return self.job.content_type if self.job is not None else "application/json"
 
     def item(self, events: dict[int, list[Event]]) -> dict[str, Any]:
-        if self.error is not None:
-            return {"data": "", "last": True, "code": self.error.status, "error": str(self.error)}
-        if self.cancelled or self.job is None:
+        if self.cancelled:
             return {"data": "", "last": True, "code": CANCELLED, "error": "request cancelled: the client went away"}
+        if self.job is None:
+            return {"data": "", "last": False}  # still being tokenized; Java skips empty data
         data = self.job.take(events)
         if self.job.error is not None:
             return {"data": "", "last": True, "code": self.job.error.code, "error": self.job.error.message}
@@ -61,10 +69,14 @@ class _Entry:
 
 
 class RollingBatch:
-    def __init__(self, engine: Any, prepare: Callable[[Any], Job]):
+    """The handler's ordered active list. ``prepare`` never raises (a failure is a rejected job); a large body
+    is prepared on a small thread pool, so a long prompt is tokenized while the other requests keep stepping."""
+
+    def __init__(self, engine: Any, prepare: Callable[[Any], Job], workers: int = 2):
         self.engine = engine
         self.prepare = prepare
         self.active: list[_Entry] = []
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare")
 
     def reset(self) -> None:
         self.engine.reset()
@@ -79,25 +91,46 @@ class RollingBatch:
             self.reset()
             raise BackendError(f"rolling batch out of step: {len(items)} requests sent but {known} were active")
         for item in items[len(self.active):]:
-            self.active.append(self._entry(item))
+            self.active.append(_Entry(self._submit(item)))
         for entry, item in zip(self.active, items):
-            if entry.job is not None and not entry.done and _truthy(item.get_property(CANCEL_PROPERTY)):
-                for seq in entry.job.seqs:
+            if not entry.done and _truthy(item.get_property(CANCEL_PROPERTY)):
+                for seq in entry.job.seqs if entry.job is not None else ():
                     self.engine.cancel(seq)
                 entry.cancelled = True
+        self._admit_prepared()
         events = {} if self.engine.idle else self.engine.step()
         output = djl.new_output()
         for i, entry in enumerate(self.active):
-            output.add(djl.binary_encode(entry.item(events)), key="data", batch_index=i)
+            output.add(djl.binary_encode(self._item(entry, events)), key="data", batch_index=i)
             output.add_property(f"batch_{i}_Content-Type", entry.content_type)
         self.active = [entry for entry in self.active if not entry.done]
         return output
 
-    def _entry(self, item: Any) -> _Entry:
+    def _submit(self, item: Any) -> Future[Job]:
+        if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
+            return self.pool.submit(self.prepare, item)
+        done: Future[Job] = Future()
+        done.set_result(self.prepare(item))
+        return done
+
+    def _admit_prepared(self) -> None:
+        """Jobs whose preparation finished join the engine; with nothing to generate, wait a moment for one."""
+        waiting = [entry.pending for entry in self.active if entry.job is None and not entry.cancelled]
+        if waiting and self.engine.idle:
+            wait(waiting, timeout=IDLE_WAIT, return_when=FIRST_COMPLETED)
+        for entry in self.active:
+            if entry.job is None and not entry.cancelled and entry.pending.done():
+                entry.job = entry.pending.result()
+                for seq in entry.job.seqs if entry.job.error is None else ():
+                    self.engine.add(seq)
+
+    def _item(self, entry: _Entry, events: dict[int, list[Event]]) -> dict[str, Any]:
         try:
-            job = self.prepare(item)
-        except HandlerError as exc:
-            return _Entry(error=exc)
-        for seq in job.seqs:
-            self.engine.add(seq)
-        return _Entry(job=job)
+            return entry.item(events)
+        except Exception as exc:  # noqa: BLE001 - encoding one request's answer failed: that request alone ends
+            logger.exception("encoding a rolling-batch answer failed")
+            for seq in entry.job.seqs if entry.job is not None else ():
+                if not seq.finished:
+                    self.engine.cancel(seq)
+            entry.job = Job.rejected(exc)
+            return entry.item({})

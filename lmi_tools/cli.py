@@ -22,8 +22,10 @@ COMMAND_MODULES = [
     "lmi_tools.commands.render",
     "lmi_tools.commands.validate",
     "lmi_tools.commands.package",
+    "lmi_tools.commands.compile",
     "lmi_tools.commands.docker",
     "lmi_tools.commands.sagemaker",
+    "lmi_tools.commands.optimize",
     "lmi_tools.commands.bench",
 ]
 

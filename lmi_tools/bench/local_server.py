@@ -62,6 +62,7 @@ class LocalServer:
         with self.log_path.open("w") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "lmi_tools", "serve", str(self.model_dir), "--port", str(self.port),
+                 "--management-port", str(self.port),  # one loopback listener: no second port to find free
                  "--log-level", "warning"], stdout=log, stderr=subprocess.STDOUT)
         try:
             self._wait_ready()

@@ -28,7 +28,7 @@ def register(app: typer.Typer) -> None:
     app.command("scale")(scale)
 
 
-def _stderr():
+def stderr_console():
     from rich.console import Console
 
     return Console(stderr=True, soft_wrap=True)
@@ -50,14 +50,14 @@ def upload(source: Path = typer.Argument(..., help="model.tar.gz, or a model dir
     plan = plan_upload(source, destination)
     s3 = aws.client(aws.session(region, profile), "s3")
     columns = ("{task.description}", BarColumn(), DownloadColumn(), TransferSpeedColumn(), TimeRemainingColumn())
-    with Progress(*columns, console=_stderr()) as progress:
+    with Progress(*columns, console=stderr_console()) as progress:
         task = progress.add_task(f"{len(plan.files)} file(s)", total=plan.total_bytes)
         send(s3, plan, lambda sent: progress.update(task, advance=sent), part_size * MIB, replace)
     typer.echo(f"uploaded {len(plan.files)} file(s), {plan.total_bytes / MIB:.1f} MiB", err=True)
     typer.echo(str(plan.uri))
 
 
-def _environment(pairs: list[str]) -> dict[str, str]:
+def env_pairs(pairs: list[str]) -> dict[str, str]:
     from ..errors import UsageError
 
     environment = {}
@@ -120,7 +120,7 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
         raise UsageError("--component needs --name, the endpoint that hosts it", hint="e.g. --name llm-pool")
     spec = lib.EndpointSpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
                           region=aws.region_of(sess), image=image, lmi_version=lmi_version,
-                          instance_count=instance_count, environment=_environment(env),
+                          instance_count=instance_count, environment=env_pairs(env),
                           download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size,
                           autoscaling=scaling)
     if component:
@@ -131,7 +131,7 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
     if dry_run:
         typer.echo(json.dumps(plan.as_json(), indent=2))
         return
-    console = _stderr()
+    console = stderr_console()
     console.print(f"image: {plan.image.uri} ({plan.image.source})")
     sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
     scaler = aws.client(sess, "application-autoscaling") if plan.scaling else None
@@ -167,7 +167,7 @@ def _deploy_component(sess, spec, component: str, copies: int, model_dir: Option
     if dry_run:
         typer.echo(json.dumps(plan.as_json(), indent=2))
         return
-    console = _stderr()
+    console = stderr_console()
     sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
     scaler = aws.client(sess, "application-autoscaling") if plan.scaling else None
     with console.status(f"deploying {component} on {spec.name}") as status:

@@ -12,13 +12,28 @@ def register(app: typer.Typer) -> None:
     app.command("serve")(serve)
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
 def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME=]DIR); the name defaults to the "
                                                         "directory's name"),
           host: str = typer.Option("127.0.0.1", help="Address to bind (DJLServing's default is loopback too)"),
-          port: int = typer.Option(8080, help="Port for the inference, management and SageMaker APIs"),
+          port: int = typer.Option(8080, help="Port for the inference and SageMaker APIs"),
+          management_host: str = typer.Option("127.0.0.1", help="Address of the management API (/models): keep it "
+                                                                 "on loopback, it can load and run model code"),
+          management_port: int = typer.Option(None, help="Port of the management API (default: --port + 1; the "
+                                                         "same as --port serves both on one listener, as DJLServing "
+                                                         "does by default)"),
+          model_url_pattern: str = typer.Option(None, help="Regular expression a directory's resolved path must "
+                                                           "match for POST /models?url= to load it (default: loading "
+                                                           "by URL is refused)"),
           engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python is installed), "
                                                   "lmi (ours) or djl"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
+          read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
+                                                        "before answering 408"),
+          max_header_bytes: int = typer.Option(16 * 1024, help="Largest size of a request's headers in bytes "
+                                                               "(431 above it)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
           endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
@@ -26,22 +41,35 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                   "InferenceComponentName"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
     """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
-    import uvicorn
+    import re
 
     from ..errors import UsageError
-    from ..serving.app import create_app
+    from ..serving.app import INFERENCE, MANAGEMENT, create_app, serve as run
     from ..serving.store import ModelStore, ServerConfig, model_name_for, model_path_for
 
     if engine not in ("auto", "lmi", "djl"):
         raise UsageError(f"--engine {engine!r} is not one of auto, lmi, djl")
+    for name, value in (("--job-queue-size", job_queue_size), ("--read-timeout", read_timeout),
+                        ("--max-header-bytes", max_header_bytes)):
+        if value is not None and value <= 0:
+            raise UsageError(f"{name} {value:g} is invalid: expected a number > 0")
+    if model_url_pattern is not None:
+        try:
+            re.compile(model_url_pattern)
+        except re.error as exc:
+            raise UsageError(f"--model-url-pattern {model_url_pattern!r} is not a regular expression: {exc}") from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         config = ServerConfig.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config.engine, config.sagemaker_part_size, config.sagemaker_endpoint = engine, sagemaker_part_size, endpoint
+    config.read_timeout, config.max_header_bytes, config.model_url_pattern = (read_timeout, max_header_bytes,
+                                                                              model_url_pattern)
     if job_queue_size is not None:
         config.job_queue_size = job_queue_size
+    management_port = port + 1 if management_port is None else management_port
+    _warn_exposed(host, management_host, model_url_pattern)
     store = ModelStore(config)
     for spec in models:
         path = Path(model_path_for(spec))
@@ -53,5 +81,23 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         except ValueError as exc:
             store.close()
             raise UsageError(str(exc)) from None
-    typer.echo(f"lmi serve: http://{host}:{port}  models: {', '.join(store.models)}  (GET /ping until 200)")
-    uvicorn.run(create_app(store), host=host, port=port, log_level=log_level, access_log=False)
+    if (management_host, management_port) == (host, port):
+        listeners = [(create_app(store), host, port)]
+    else:
+        listeners = [(create_app(store, INFERENCE), host, port),
+                     (create_app(store, MANAGEMENT, owns_store=False), management_host, management_port)]
+    typer.echo(f"lmi serve: http://{host}:{port}  management: http://{management_host}:{management_port}  "
+               f"models: {', '.join(store.models)}  (GET /ping until 200)")
+    run(listeners, log_level)
+
+
+def _warn_exposed(host: str, management_host: str, model_url_pattern: str | None) -> None:
+    if management_host not in LOOPBACK:
+        loading = (f"loads any directory matching {model_url_pattern!r} and runs its model.py"
+                   if model_url_pattern else "unloads and inspects models")
+        typer.secho(f"WARNING: the management API on {management_host} has no authentication: anyone who can reach "
+                    f"it {loading}. Bind it to 127.0.0.1 unless this network is yours alone "
+                    "(docs/serving.md, 'Security').", fg="red", bold=True, err=True)
+    if host not in LOOPBACK:
+        typer.secho(f"warning: the inference API on {host} has no authentication; anyone who can reach it can use "
+                    "the models.", fg="yellow", err=True)

@@ -1,8 +1,9 @@
 """``lmi inspect``: list and check a ``model.tar.gz`` without unpacking it, and unpack one safely.
 
 Members are read from the archive into memory; nothing is written to disk. A member with an
-absolute path, a ``..`` component, a link that points outside the archive, or a device/FIFO type is
-a problem: ``unpack`` refuses such archives outright. The checks: ``serving.properties`` at the top
+absolute path, a ``..`` component, a link that points outside the archive, a path through a link member, or a
+device/FIFO type is a problem: ``unpack`` refuses such archives outright, before extracting anything. A
+truncated or corrupt archive is a usage error, never a traceback. The checks: ``serving.properties`` at the top
 and parseable by the runtime, the entry point resolvable inside the archive (``model.py`` is parsed,
 never imported), the vendored ``lmi_handlers`` version, credential-looking files, stray caches.
 """
@@ -13,6 +14,7 @@ import ast
 import posixpath
 import re
 import tarfile
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -22,7 +24,7 @@ from ..errors import UsageError
 from ..modeldir.properties import init_properties, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
 from ..validation.runtime import handler_config, ignored_options
-from .credentials import reason_from_content, reason_from_name, should_scan
+from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
 CONTAINER_MODEL_DIR = "/opt/ml/model"
@@ -76,27 +78,48 @@ def member_problem(member: tarfile.TarInfo) -> str | None:
     return None
 
 
+def archive_problems(members: list[tarfile.TarInfo]) -> list[str]:
+    """Every member's own problem, and members whose path goes through a link member: ``a -> .`` is harmless
+    alone, but ``a/b -> ../x`` then lands outside, so no member may sit under a link (our artifacts have none)."""
+    problems = [p for p in map(member_problem, members) if p]
+    links = {normalized(m.name).rstrip("/") for m in members if m.issym() or m.islnk()}
+    for member in members:
+        parts = PurePosixPath(normalized(member.name)).parts
+        through = next((posixpath.join(*parts[:i]) for i in range(1, len(parts))
+                        if posixpath.join(*parts[:i]) in links), None)
+        if through is not None:
+            problems.append(f"{member.name}: its path goes through the link {through}")
+    return problems
+
+
+def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
+    """The members, after reading the stream to its end: a cut-off download fails here (gzip's length and CRC
+    check), not halfway through an unpack."""
+    try:
+        members = tar.getmembers()
+        while tar.fileobj.read(1 << 20):
+            pass
+        return members
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise UsageError(f"{path} is truncated or corrupt: {exc}") from None
+
+
 def open_archive(path: Path) -> tarfile.TarFile:
     try:
         return tarfile.open(path, "r:*")
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist") from None
-    except (tarfile.TarError, OSError) as exc:
-        raise UsageError(f"{path} is not a tar archive: {exc}") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
+        raise UsageError(f"{path} is not a tar archive (or is truncated): {exc}") from None
 
 
 def inspect_artifact(path: str | Path) -> ArtifactReport:
     path = Path(path)
     with open_archive(path) as tar:
         report = ArtifactReport(path=str(path), sha256=sha256_of(path), compressed_bytes=path.stat().st_size)
-        members = tar.getmembers()
-        files = {}
-        for member in members:
-            problem = member_problem(member)
-            if problem:
-                report.problems.append(problem)
-            elif member.isfile():
-                files[normalized(member.name)] = member
+        members = read_members(tar, path)
+        report.problems = archive_problems(members)
+        files = {normalized(m.name): m for m in members if m.isfile() and not member_problem(m)}
         report.files = sorted((name, m.size) for name, m in files.items())
         report.total_bytes = sum(m.size for m in files.values())
 
@@ -104,9 +127,12 @@ def inspect_artifact(path: str | Path) -> ArtifactReport:
             handle = tar.extractfile(files[name])
             return handle.read().decode("latin-1") if handle else ""
 
-        _check_properties(report, files, read)
-        _check_runtime(report, files, read)
-        _check_contents(report, tar, files)
+        try:
+            _check_properties(report, files, read)
+            _check_runtime(report, files, read)
+            _check_contents(report, tar, files)
+        except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+            raise UsageError(f"{path} is truncated or corrupt: {exc}") from None
     return report
 
 
@@ -164,9 +190,9 @@ def _check_contents(report: ArtifactReport, tar: tarfile.TarFile, files: dict) -
         if parts[0] in ("lmi_tools", "tests"):
             report.notes.append(f"{name}: {parts[0]} does not belong in a model artifact")
         reason = reason_from_name(name)
-        if reason is None and should_scan(name, member.size):
+        if reason is None and should_scan(name):
             handle = tar.extractfile(member)
-            reason = reason_from_content(name, handle.read()) if handle else None
+            reason = reason_from_stream(name, handle) if handle else None
         if reason:
             report.problems.append(f"{name}: looks like a credential ({reason})")
 
@@ -175,8 +201,8 @@ def unpack(path: str | Path, dest: str | Path) -> Path:
     """Extract an artifact into ``dest`` after checking every member; unsafe archives are refused whole."""
     path, dest = Path(path), Path(dest)
     with open_archive(path) as tar:
-        members = tar.getmembers()
-        problems = [p for p in map(member_problem, members) if p]
+        members = read_members(tar, path)
+        problems = archive_problems(members)
         if problems:
             raise UsageError(f"refusing to unpack {path}:\n  " + "\n  ".join(problems))
         dest.mkdir(parents=True, exist_ok=True)

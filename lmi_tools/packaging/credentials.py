@@ -3,13 +3,15 @@
 Two kinds of evidence: the file's name (``.aws/credentials``, ``id_rsa``, ``*.pem``, ``.netrc``, ...)
 and its content (a private-key block, an AWS access key id, an AWS secret key assigned to its usual
 name, a Hugging Face token, secrets in a ``.env`` file). Weight files are not read: they are large
-and binary, and no credential format lives in them.
+and binary, and no credential format lives in them. Every other file is read whole, whatever its size, in
+overlapping blocks.
 """
 
 from __future__ import annotations
 
 import re
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 SSH_KEYS = {"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519"}
 CREDENTIAL_FILES = {".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".dockercfg"}
@@ -17,7 +19,9 @@ KEY_SUFFIXES = {".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk"}
 # Not scanned: weights and other large binary formats.
 BINARY_SUFFIXES = {".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".neff", ".h5", ".msgpack",
                    ".npz", ".npy", ".model", ".tflite", ".pb", ".ot"}
-MAX_SCAN_BYTES = 64 * 1024**2
+BLOCK = 4 * 1024**2
+#: Carried from one block to the next, longer than any match the rules need to see whole.
+OVERLAP = 64 * 1024
 
 CONTENT_RULES = [
     (re.compile(rb"-----BEGIN (?:[A-Z0-9]+ )*PRIVATE KEY-----"), "a private key block"),
@@ -61,13 +65,27 @@ def reason_from_content(relpath: str, data: bytes) -> str | None:
     return None
 
 
-def should_scan(relpath: str, size: int) -> bool:
-    return PurePosixPath(relpath).suffix.lower() not in BINARY_SUFFIXES and size <= MAX_SCAN_BYTES
+def should_scan(relpath: str) -> bool:
+    return PurePosixPath(relpath).suffix.lower() not in BINARY_SUFFIXES
+
+
+def reason_from_stream(relpath: str, stream: BinaryIO) -> str | None:
+    """``reason_from_content`` over a file of any size, read in overlapping blocks."""
+    tail = b""
+    while True:
+        block = stream.read(BLOCK)
+        if not block:
+            return None
+        reason = reason_from_content(relpath, tail + block)
+        if reason:
+            return reason
+        tail = (tail + block)[-OVERLAP:]
 
 
 def credential_reason(relpath: str, source: Path) -> str | None:
     """Why ``source`` (shipped as ``relpath``) looks like a credential, or None."""
     reason = reason_from_name(relpath)
-    if reason is None and should_scan(relpath, source.stat().st_size):
-        reason = reason_from_content(relpath, source.read_bytes())
+    if reason is None and should_scan(relpath):
+        with source.open("rb") as stream:
+            reason = reason_from_stream(relpath, stream)
     return reason

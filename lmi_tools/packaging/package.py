@@ -13,6 +13,7 @@ an uncompressed S3 upload (SageMaker ``CompressionType: None``): no links, no em
 
 from __future__ import annotations
 
+import collections
 import gzip
 import hashlib
 import os
@@ -23,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ToolError, UsageError
+from ..modeldir.properties import parse_properties, read_text
 from .credentials import credential_reason
 
 RUNTIME_PACKAGE = "lmi_handlers"
@@ -30,6 +32,8 @@ EXCLUDED_DIRS = {"__pycache__", ".git", ".hg", ".svn", ".ipynb_checkpoints", ".p
                  ".ruff_cache"}
 EXCLUDED_FILES = {".DS_Store", "Thumbs.db"}
 EXCLUDED_SUFFIXES = {".pyc", ".pyo"}
+#: Files above this size that take less than half of it on disk are reported as sparse.
+SPARSE_MIN_BYTES = 64 * 1024**2
 # 1980-01-01T00:00:00Z: zip's epoch, a date every archive tool accepts.
 DEFAULT_MTIME = 315532800
 
@@ -68,18 +72,24 @@ def model_entries(model_dir: Path, skip: tuple[Path, ...] = ()) -> tuple[list[En
     root = model_dir.resolve()
     entries: list[Entry] = []
     problems: list[str] = []
+    links: dict[tuple[int, int], set[Path]] = collections.defaultdict(set)
     skipped = {p.resolve() for p in skip}
 
     def walk(directory: Path, prefix: str, chain: frozenset[Path]) -> None:
         for child in sorted(directory.iterdir(), key=lambda p: p.name):
             rel = prefix + child.name
-            if child.name in EXCLUDED_FILES or child.suffix in EXCLUDED_SUFFIXES or child.resolve() in skipped:
+            if child.name in EXCLUDED_FILES or child.suffix in EXCLUDED_SUFFIXES:
                 continue
             if not prefix and child.name == RUNTIME_PACKAGE:
                 continue  # replaced by the vendored runtime
-            target = child
-            if child.is_symlink():
+            try:
                 target = child.resolve()
+            except (RuntimeError, OSError):  # Python < 3.13 raises RuntimeError for a loop
+                problems.append(f"{rel}: symbolic link loop ({os.readlink(child)})")
+                continue
+            if target in skipped:
+                continue
+            if child.is_symlink():
                 if not target.exists():
                     problems.append(f"{rel}: broken symbolic link to {os.readlink(child)}")
                     continue
@@ -89,17 +99,26 @@ def model_entries(model_dir: Path, skip: tuple[Path, ...] = ()) -> tuple[list[En
             if target.is_dir():
                 if child.name in EXCLUDED_DIRS:
                     continue
-                real = target.resolve()
-                if real in chain:
-                    problems.append(f"{rel}: symbolic link loops back to {real}")
+                if target in chain:
+                    problems.append(f"{rel}: symbolic link loops back to {target}")
                     continue
-                walk(target, rel + "/", chain | {real})
+                walk(target, rel + "/", chain | {target})
             elif target.is_file():
                 entries.append(Entry(rel, target))
+                info = target.stat()
+                links[(info.st_dev, info.st_ino)].add(target)
             else:
                 problems.append(f"{rel}: not a regular file (device, socket or pipe)")
 
     walk(root, "", frozenset({root}))
+    for paths in links.values():
+        # A hard link is the same file under two names: if some of its names are not in the directory, the
+        # directory ships a file that lives elsewhere (as a symbolic link outside it would).
+        first = min(paths)
+        outside = first.stat().st_nlink - len(paths)
+        if outside > 0:
+            problems.append(f"{first.relative_to(root)}: hard link to a file with {outside} other name(s) outside "
+                            "the model directory (copy it in if it is meant to ship)")
     return entries, problems
 
 
@@ -197,6 +216,7 @@ def build(model_dir: Path, output: Path | None, tree: Path | None, validate: boo
     if validate:
         warnings = _validated(model_dir, instance, config)
     entries = collect(model_dir, skip=tuple(p for p in (output, tree) if p is not None))
+    warnings += shipping_warnings(model_dir, entries)
     artifact = Artifact(files=entries, total_bytes=sum(e.source.stat().st_size for e in entries),
                         replaced_runtime=(model_dir / RUNTIME_PACKAGE).is_dir(), warnings=warnings)
     if output is not None:
@@ -205,6 +225,24 @@ def build(model_dir: Path, output: Path | None, tree: Path | None, validate: boo
         write_tree(entries, tree)
         artifact.tree = tree
     return artifact
+
+
+def shipping_warnings(model_dir: Path, entries: list[Entry]) -> list[str]:
+    """What ships but may surprise: sparse files (small on disk, full size in the artifact) and weights that
+    ``option.model_id`` names outside the directory (left behind)."""
+    warnings = []
+    for entry in entries:
+        info = entry.source.stat()
+        if info.st_size > SPARSE_MIN_BYTES and info.st_blocks * 512 < info.st_size // 2:
+            warnings.append(f"{entry.name}: sparse file: {info.st_blocks * 512:,} bytes on disk but {info.st_size:,} "
+                            "in the artifact")
+    model_id = parse_properties(read_text(model_dir / "serving.properties")).get("option.model_id", "").strip()
+    if model_id.startswith(("/", "./", "../", "~")):
+        target = (model_dir / Path(model_id).expanduser()).resolve()
+        if not _inside(model_dir.resolve(), target):
+            warnings.append(f"option.model_id={model_id} is outside the model directory: its weights are not in "
+                            f"the artifact, and the container sees only the artifact (at /opt/ml/model)")
+    return warnings
 
 
 def _validated(model_dir: Path, instance: str | None, config: Path | None) -> list[str]:

@@ -1,7 +1,9 @@
 """The HTTP surface of ``lmi serve``: DJLServing's inference and management APIs, and SageMaker Runtime's paths.
 
-``create_app`` only assembles: one router per API surface (``routes/``), the access log and DJL's error
-shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
+``create_app`` only assembles: one router per API surface (``routes/``), the access log, the header-size limit
+and DJL's error shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
+The management API gets an app (and a listener) of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers
+of each; ``serve`` runs one uvicorn server per listener in one event loop.
 """
 
 from __future__ import annotations
@@ -10,9 +12,10 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import AsyncIterator
+from typing import Any, AsyncIterator, Sequence
 
-from fastapi import FastAPI, Request
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from .routes import inference, management, sagemaker_runtime
@@ -20,6 +23,10 @@ from .routes.relay import HttpError, djl_error
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
+INFERENCE = (inference.router, sagemaker_runtime.router)
+MANAGEMENT = (management.router,)
+#: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
+MAX_BUFFERED_HEAD = 1024 * 1024
 
 
 async def _on_http_error(_: Request, exc: HttpError) -> JSONResponse:
@@ -35,17 +42,62 @@ async def _log_request(request: Request, call_next):
     return response
 
 
-def create_app(store: ModelStore) -> FastAPI:
+class HeaderLimit:
+    """431 for a request whose headers exceed ``limit`` bytes (an ASGI middleware, ahead of any route)."""
+
+    def __init__(self, app: Any, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            size = sum(len(name) + len(value) + 4 for name, value in scope["headers"])
+            if size > self.limit:
+                response = djl_error(431, "BadRequestException", f"request headers of {size} bytes exceed the "
+                                                                 f"limit of {self.limit} bytes (--max-header-bytes)")
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MANAGEMENT,
+               owns_store: bool = True) -> FastAPI:
+    """One listener's app; the one that ``owns_store`` stops every worker process on shutdown."""
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
-        await asyncio.to_thread(store.close)  # stop every worker process on shutdown
+        if owns_store:
+            await asyncio.to_thread(store.close)
 
     app = FastAPI(title="lmi serve", description="A local DJLServing-compatible server for lmi_handlers models.",
                   lifespan=lifespan)
     app.state.store = store
     app.add_exception_handler(HttpError, _on_http_error)
     app.middleware("http")(_log_request)
-    for router in (inference.router, sagemaker_runtime.router, management.router):
+    app.add_middleware(HeaderLimit, limit=store.server.max_header_bytes)
+    for router in routers:
         app.include_router(router)
     return app
+
+
+class _Listener(uvicorn.Server):
+    """A second server in the same loop: the first one handles Ctrl-C and stops this one."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+def serve(listeners: Sequence[tuple[FastAPI, str, int]], log_level: str) -> None:
+    """Run one uvicorn server per (app, host, port) until the first stops (Ctrl-C); then stop the others."""
+    configs = [uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, host, port in listeners]
+    servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
+
+    async def main() -> None:
+        async def first() -> None:
+            await servers[0].serve()
+            for other in servers[1:]:
+                other.should_exit = True
+        await asyncio.gather(first(), *(server.serve() for server in servers[1:]))
+
+    asyncio.run(main())

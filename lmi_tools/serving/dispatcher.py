@@ -184,7 +184,7 @@ class ServedModel:
     def _drain_failed(self) -> None:
         while not self._stop.is_set():
             try:
-                self.jobs.get(timeout=0.2).fail(503, f"model {self.name} failed to load: {self.failure}")
+                self.jobs.get(timeout=0.2).fail(503, f"model {self.name} failed to load (details in the server log)")
             except queue.Empty:
                 pass
 

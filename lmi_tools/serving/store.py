@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,6 +63,13 @@ class ServerConfig:
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     engine: str = "auto"
+    #: Longest wait for the next part of a request body (408 after it); ``lmi serve --read-timeout``.
+    read_timeout: float = 60.0
+    #: Largest size of a request's headers (431 above it); ``lmi serve --max-header-bytes``.
+    max_header_bytes: int = 16 * 1024
+    #: Model URLs ``POST /models`` may load (a regular expression the resolved directory must match in full);
+    #: None refuses loading by URL. ``lmi serve --model-url-pattern``.
+    model_url_pattern: str | None = None
     #: Largest SageMaker PayloadPart in bytes (0: one part per chunk); small values test clients' reassembly.
     sagemaker_part_size: int = 0
     #: The SageMaker endpoint the Runtime paths play, its models being inference components (None: any name).
@@ -83,7 +91,10 @@ class ServerConfig:
 
 def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> ModelSettings:
-    props = {**model_properties(model_dir, environ), **(overrides or {})}
+    overrides = overrides or {}
+    for key in overrides:  # checked on their own, so that an error names where they came from
+        setting(overrides, key, None, "in the request's query", minimum=0 if key == "max_batch_delay" else 1)
+    props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
     env = dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
     worker = WorkerSettings(
@@ -106,6 +117,10 @@ class ModelExists(Exception):
     pass
 
 
+class NotAllowed(Exception):
+    """The management API may not load this URL (``--model-url-pattern``)."""
+
+
 class ModelStore:
     """The models this server holds, by name."""
 
@@ -126,6 +141,18 @@ class ModelStore:
             self.models[name] = model
         model.start()
         return model
+
+    def register_url(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
+        """``register`` for the management API: loading a directory runs its code, so only a directory whose
+        resolved path matches ``model_url_pattern`` may be loaded."""
+        pattern = self.server.model_url_pattern
+        resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
+        if pattern is None:
+            raise NotAllowed("loading models by URL is off: start lmi serve with --model-url-pattern REGEX to "
+                             "allow the model directories that match it")
+        if re.fullmatch(pattern, resolved) is None:
+            raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        return self.register(name, url, overrides)
 
     def unregister(self, name: str) -> bool:
         with self._lock:

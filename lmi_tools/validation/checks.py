@@ -41,10 +41,10 @@ def run_checks(target: Target) -> list[Finding]:
         return findings
     if target.refusal is not None:
         return findings + [refused(target, target.refusal)]
+    if target.plan is not None:  # the runtime's own warnings, even where the hardware is wrong for the backend
+        findings.extend(Finding("warning", "neuronx", message) for message in target.plan.warnings)
     if any(f.level == "error" for f in backend) or target.arch is None:
         return findings
-    if target.plan is not None:
-        findings.extend(Finding("warning", "neuronx", message) for message in target.plan.warnings)
     findings.extend(check_positions(target))
     findings.extend(check_batching(target))
     findings.extend(check_dtype(target))

@@ -100,3 +100,41 @@ def test_s3_location_compile_then_reuse(neuronx_standin, tiny_arch, monkeypatch)
         code, error = init_error(tiny_arch("mistral"), compiled_graph_path="s3://artifacts/mistral/tp2",
                                  rolling_batch="auto", max_rolling_batch_size=4)
         assert code == 400 and "batch_size: 2 -> 4" in error
+
+
+def test_lmi_compile_then_the_container_reuses_or_names_the_difference(neuronx_standin, tiny_arch, reference,
+                                                                        tmp_path, capsys):
+    """``lmi compile`` (through the stand-in): validate, compile into the model directory, record the path;
+    a load with the same settings compiles nothing, one with another n_positions is refused naming it."""
+    import shutil
+
+    from lmi_tools.cli import main
+
+    model_dir = tmp_path / "model"
+    shutil.copytree(tiny_arch("llama"), model_dir)
+    (model_dir / "serving.properties").write_text("# lmi: instance_type=inf2.xlarge\nengine=Python\n"
+                                                  "option.entryPoint=model.py\noption.backend=neuronx\n"
+                                                  "option.dtype=fp32\n"
+                                                  "option.n_positions=128\noption.tensor_parallel_degree=2\n")
+    (model_dir / "model.py").write_text("from lmi_handlers.entrypoint import handle  # noqa: F401\n")
+    before = graphs_compiled(neuronx_standin)
+    assert main(["compile", str(model_dir)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    compiled = graphs_compiled(neuronx_standin) - before
+    assert compiled > 0 and result["files"] == compiled + 1  # the graphs and the manifest
+    assert (model_dir / "compiled" / MANIFEST).is_file() and result["reuse_load_s"] > 0
+    assert "option.compiled_graph_path=compiled" in (model_dir / "serving.properties").read_text()
+
+    handler = Handler()
+    from lmi_tools.modeldir.properties import read_serving_properties
+
+    props = {**read_serving_properties(model_dir), "model_dir": str(model_dir), "model_id": str(model_dir)}
+    assert handler.handle(init_input(props)) is None
+    assert graphs_compiled(neuronx_standin) - before == compiled  # the container load compiled nothing
+    assert ask(handler, PROMPTS[0], 4) == reference(model_dir, PROMPTS[0], 4)
+    code, error = init_error(model_dir, compiled_graph_path="compiled", n_positions=256)
+    assert code == 400 and "n_positions: 128 -> 256" in error
+
+    assert main(["compile", str(model_dir)]) == 2  # compiled already: refused, nothing overwritten
+    assert "is not empty" in capsys.readouterr().err
+    assert main(["compile", str(model_dir), "--instance", "ml.g5.xlarge"]) != 0

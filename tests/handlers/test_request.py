@@ -3,7 +3,7 @@
 import pytest
 
 from lmi_handlers.errors import InvalidRequest
-from lmi_handlers.request import Schema, decode_body, parse_payload
+from lmi_handlers.request import RequestLimits, SamplingParams, Schema, decode_body, parse_payload
 
 
 def parse(data, default_max_new_tokens=30):
@@ -16,7 +16,7 @@ def test_lmi_schema_with_every_parameter():
         "repetition_penalty": 1.2, "stop": ["\n", "END"], "seed": 42, "details": True, "return_full_text": True,
         "ignore_eos": True}})
     (request,) = payload.requests
-    assert not payload.many and payload.stream
+    assert not payload.many and request.stream
     assert request.schema is Schema.LMI and request.prompt == "Hi"
     assert (request.sampling.do_sample, request.sampling.temperature, request.sampling.top_k) == (True, 0.5, 5)
     assert (request.sampling.top_p, request.sampling.repetition_penalty, request.sampling.seed) == (0.9, 1.2, 42)
@@ -29,6 +29,12 @@ def test_defaults_and_aliases():
                        default_max_new_tokens=12).requests
     assert request.sampling.greedy and request.stopping.max_new_tokens == 12
     assert request.stopping.stop == ("x",)
+
+
+def test_null_means_not_sent():
+    (request,) = parse({"inputs": "Hi", "stream": None, "parameters": {"max_new_tokens": None, "temperature": None,
+                                                                      "stop": None}}, 12).requests
+    assert request.stopping.max_new_tokens == 12 and request.sampling.temperature == 1.0 and not request.stream
 
 
 def test_temperature_zero_means_greedy_even_when_sampling():
@@ -90,10 +96,25 @@ def test_legacy_inf2_schema():
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]",
      "only text parts"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "only n=1"),
-    ({"messages": [{"role": "user", "content": "x"}], "temperature": 3}, "temperature", "[0, 2]"),
+    ({"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature", "number >= 0"),
     ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}, "presence_penalty", "not supported"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens", "integer >= 1"),
     ({"text": "x", "seq_length": 1}, "seq_length", "integer >= 2"),
+    # whitespace is no prompt, and OpenAI's fields keep their JSON types (true is not 1, 5 is not a name)
+    ({"inputs": " \n\t "}, "inputs", "not only whitespace"),
+    ({"inputs": ["ok", "   "]}, "inputs[1]", "not only whitespace"),
+    ({"text": "  "}, "text", "not only whitespace"),
+    ({"messages": [{"role": "user", "content": " \n "}]}, "messages[0].content", "not only whitespace"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]}, "messages[0].content",
+     "not only whitespace"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": True}, "n", "only n=1"),
+    ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name", "expected a string"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": False}, "top_logprobs", "not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "user": 7}, "user", "expected a string"),
+    # numbers JSON can carry but no field can hold
+    ({"inputs": "x", "parameters": {"temperature": 10 ** 400}}, "parameters.temperature", "number >= 0"),
+    ({"inputs": "x", "parameters": {"seed": 2 ** 64}}, "parameters.seed", "<= "),
+    ({"inputs": "x", "parameters": {"top_p": float("nan")}}, "parameters.top_p", "(0, 1]"),
     (["not", "an", "object"], "body", "expected a JSON object"),
 ])
 def test_invalid_values_name_field_value_and_allowed(data, field, fragment):
@@ -115,6 +136,59 @@ def test_unknown_fields_are_refused_with_the_allowed_list(data, field):
         parse(data)
     assert info.value.field == field
     assert f"unknown field {field}" in str(info.value) and "allowed fields are" in str(info.value)
+
+
+def test_limits_are_checked_before_anything_is_tokenized():
+    limits = RequestLimits(max_prompt_chars=10, max_prompts_per_request=3)
+    for data, field, fragment in [
+            ({"inputs": "x" * 11}, "inputs", "at most 10 characters"),
+            ({"inputs": ["a", "b", "c", "d"]}, "inputs", "at most 3 prompts"),
+            ({"text": ["a"] * 4, "seq_length": 9}, "text", "at most 3 prompts"),
+            ({"messages": [{"role": "system", "content": "123456"}, {"role": "user", "content": "78901"}]},
+             "messages", "at most 10 characters in all")]:
+        with pytest.raises(InvalidRequest) as info:
+            parse_payload(data, 30, limits)
+        assert info.value.field == field and fragment in str(info.value)
+    assert len(parse_payload({"inputs": ["a", "b", "c"]}, 30, limits).requests) == 3
+
+
+def test_default_limits_refuse_two_hundred_prompts():
+    with pytest.raises(InvalidRequest, match="at most 64 prompts"):
+        parse({"inputs": ["hi"] * 200})
+
+
+@pytest.mark.parametrize("body, fragment", [
+    (b'{"inputs": "a\\ud800b"}', "lone surrogate"),  # a JSON escape of half a UTF-16 pair
+    (b'{"inputs": "x", "parameters": {"max_new_tokens": ' + b"9" * 5000 + b"}}", "not valid JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),  # deeper than Python's recursion limit
+    (b'{"inputs": "x", "parameters": ' + b'{"a": ' * 40 + b"1" + b"}" * 41, "nested too deeply"),
+    (b'{"\\udc00": 1}', "lone surrogate"),
+])
+def test_bodies_that_used_to_end_in_a_traceback_are_400s(body, fragment):
+    with pytest.raises(InvalidRequest) as info:
+        decode_body(body, "application/json")
+    assert info.value.status == 400 and fragment in str(info.value)
+
+
+def test_a_lone_surrogate_names_its_field():
+    with pytest.raises(InvalidRequest) as info:
+        decode_body(b'{"messages": [{"role": "user", "content": "ok \\udfff"}]}', None)
+    assert info.value.field == "messages[0].content"
+
+
+def test_ranges_live_on_the_types():
+    """Each field of the typed parameters carries its rule and a docstring; the parsers add none of their own."""
+    import dataclasses
+    import inspect
+
+    from lmi_handlers import schemas
+
+    for cls in (schemas.SamplingParams, schemas.StoppingParams):
+        source = inspect.getsource(cls)
+        for field in dataclasses.fields(cls):
+            assert isinstance(field.metadata.get("rule"), schemas.Rule), field.name
+            assert "#: " in source.split(f"    {field.name}:")[0].rsplit("\n", 2)[-2], field.name
+    assert SamplingParams(do_sample=True, temperature=0).greedy  # 0 means greedy, on the type itself
 
 
 def test_a_body_without_a_known_schema():

@@ -143,3 +143,27 @@ def test_unpack_round_trip(artifact, tmp_path):
         assert (out / name).read_bytes() == (model / name).read_bytes()
     assert (out / "lmi_handlers" / "entrypoint.py").read_bytes() == \
         (Path(lmi_handlers.__file__).parent / "entrypoint.py").read_bytes()
+
+
+def test_a_two_step_link_escape_is_refused_before_anything_is_written(tmp_path):
+    """Issue 12 #10: ``a -> .`` is harmless alone, but ``a/b -> ../etc/passwd`` then leaves the folder."""
+    archive = make_tar(tmp_path / "x.tar.gz", [regular("serving.properties", PROPERTIES.encode()), link("a", "."),
+                                               link("a/b", "../etc/passwd"), regular("a/c.txt", b"x")])
+    report = inspect_artifact(archive)
+    assert any("a/b: its path goes through the link a" in p for p in report.problems), report.problems
+    dest = tmp_path / "out"
+    with pytest.raises(UsageError, match="goes through the link a"):
+        unpack(archive, dest)
+    assert not dest.exists()
+
+
+def test_a_truncated_archive_is_a_usage_error(artifact, tmp_path):
+    """Issue 12 #9: no traceback for a cut-off download."""
+    data = artifact.read_bytes()
+    for cut in (len(data) // 2, len(data) - 9, 30):
+        truncated = tmp_path / f"cut{cut}.tar.gz"
+        truncated.write_bytes(data[:cut])
+        with pytest.raises(UsageError, match="truncated or corrupt|not a tar archive"):
+            inspect_artifact(truncated)
+        with pytest.raises(UsageError, match="truncated or corrupt|not a tar archive"):
+            unpack(truncated, tmp_path / f"out{cut}")

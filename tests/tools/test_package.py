@@ -234,3 +234,51 @@ def test_gzip_stream_decompresses_to_a_plain_tar(model, tmp_path):
     build(model, out, None)
     raw = gzip.decompress(out.read_bytes())
     assert raw[257:262] == b"ustar"
+
+
+def test_a_symlink_loop_is_a_problem_not_a_traceback(model):
+    """Issue 12 #9."""
+    (model / "loop").symlink_to("loop")
+    (model / "a").symlink_to("b")
+    (model / "b").symlink_to("a")
+    with pytest.raises(PackagingError) as info:
+        collect(model)
+    assert "loop: symbolic link loop" in str(info.value) and "a: symbolic link loop" in str(info.value)
+
+
+def test_large_text_files_are_scanned_for_credentials(model, monkeypatch):
+    """Issue 12 #11: a text file over 64 MiB used to ship unread; now every block is read, keys across blocks too."""
+    from lmi_tools.packaging import credentials
+
+    monkeypatch.setattr(credentials, "BLOCK", 1024)  # the same code path as a 64 MiB file, 1000 times smaller
+    with (model / "notes.txt").open("w") as handle:
+        handle.write("x" * 5000 + " " * 1020 + f"aws_access_key_id = {AWS_KEY_ID}\n" + "y" * 3000)
+    with pytest.raises(PackagingError, match="notes.txt: looks like a credential"):
+        collect(model)
+
+
+def test_a_hard_link_to_a_file_outside_is_refused(model, tmp_path):
+    """Issue 12 #11: a hard link is the outside file itself."""
+    outside = tmp_path / "secret.txt"
+    outside.write_text("not for the artifact")
+    os.link(outside, model / "innocent.txt")
+    with pytest.raises(PackagingError, match="innocent.txt: hard link to a file with 1 other name"):
+        collect(model)
+    (model / "innocent.txt").unlink()
+    os.link(model / "requirements.txt", model / "same.txt")  # both names inside: fine
+    collect(model)
+
+
+def test_sparse_files_and_outside_weights_are_warned_about(model, tmp_path):
+    """Issue 12 #11: a 2 GB sparse file and a model_id outside the directory no longer pass silently."""
+    with (model / "hole.bin").open("wb") as handle:
+        handle.truncate(2 * 1024**3)
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    (model / "serving.properties").write_text(PROPERTIES + f"option.model_id={weights}\n")
+    artifact = build(model, None, tmp_path / "tree", validate=False)
+    assert any("hole.bin: sparse file" in w for w in artifact.warnings), artifact.warnings
+    assert any(f"option.model_id={weights} is outside the model directory" in w for w in artifact.warnings)
+    (model / "hole.bin").unlink()
+    (model / "serving.properties").write_text(PROPERTIES + "option.model_id=./tokenizer\n")
+    assert build(model, None, tmp_path / "tree2", validate=False).warnings == []

@@ -24,7 +24,7 @@ async def ping(store: Store) -> JSONResponse:
 @router.post("/predictions/{model_name}/{version}", openapi_extra=RAW_BODY)
 @router.post("/models/{model_name}/invoke", openapi_extra=RAW_BODY)
 async def predictions(request: Request, store: Store, model_name: str) -> Response:
-    return await answer(await submit(request, store, named(store, model_name)))
+    return await answer(request, await submit(request, store, named(store, model_name)))
 
 
 @router.post("/invocations", openapi_extra=RAW_BODY)
@@ -35,4 +35,4 @@ async def invocations(request: Request, store: Store) -> Response:
         if len(store.models) != 1:
             raise HttpError(400, "BadRequestException", "Parameter model_name is required.")
         name = next(iter(store.models))
-    return await answer(await submit(request, store, named(store, name)))
+    return await answer(request, await submit(request, store, named(store, name)))

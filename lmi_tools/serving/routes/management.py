@@ -1,4 +1,9 @@
-"""DJLServing's management API: ``GET/POST /models``, ``GET/DELETE /models/{name}``."""
+"""DJLServing's management API: ``GET/POST /models``, ``GET/DELETE /models/{name}``.
+
+It is served on its own listener (loopback by default, ``lmi serve --management-host/--management-port``):
+loading a model directory runs its code, so ``POST /models`` only loads directories that match
+``--model-url-pattern`` (403 otherwise).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 
 from ..dispatcher import Status
-from ..store import ModelExists, model_name_for
+from ..store import ModelExists, NotAllowed, model_name_for
 from .relay import HttpError, Store, named
 
 router = APIRouter(tags=["management"])
@@ -34,7 +39,9 @@ async def register_model(request: Request, store: Store) -> JSONResponse:
     name = query.get("model_name") or model_name_for(url)
     overrides = {k: query[k] for k in ("batch_size", "max_batch_delay", "job_queue_size") if k in query}
     try:
-        model = store.register(name, url, overrides)
+        model = store.register_url(name, url, overrides)
+    except NotAllowed as exc:
+        raise HttpError(403, "ForbiddenException", str(exc)) from None
     except ModelExists as exc:
         raise HttpError(409, "BadRequestException", str(exc)) from None
     except (FileNotFoundError, ValueError) as exc:

@@ -13,6 +13,7 @@ from typing import Annotated, AsyncIterator
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from lmi_handlers.rolling import CANCELLED
 
 from ..dispatcher import Chunk, End, PendingRequest, QueueFull, ServedModel, Start, Status
 from ..store import ModelStore
@@ -47,13 +48,13 @@ def named(store: ModelStore, name: str, ready: bool = True) -> ServedModel:
     if model is None:
         raise HttpError(404, "ModelNotFoundException", f"Model not found: {name}")
     if ready and model.status is not Status.READY:
-        detail = f": {model.failure}" if model.failure else ""
-        raise HttpError(503, "ServiceUnavailableException", f"Model {name} is not ready ({model.status.value}{detail})")
+        # The failure's details (worker output, paths) are for the operator: GET /models/{name} on the management API.
+        raise HttpError(503, "ServiceUnavailableException", f"Model {name} is not ready ({model.status.value})")
     return model
 
 
 async def submit(request: Request, store: ModelStore, model: ServedModel, sagemaker: bool = False) -> PendingRequest:
-    body = await _read_body(request, store.server.max_request_size)
+    body = await _read_body(request, store.server.max_request_size, store.server.read_timeout)
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
     if any(k.lower() == "handler" for k, _ in headers) and os.environ.get(
             "ALLOW_REQUEST_HANDLER_OVERRIDE", "").lower() != "true":
@@ -70,17 +71,48 @@ async def submit(request: Request, store: ModelStore, model: ServedModel, sagema
     return pending
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limit: int, timeout: float) -> bytes:
+    """The whole body, at most ``limit`` bytes (413), each part arriving within ``timeout`` seconds (408)."""
     declared = request.headers.get("content-length")
     if declared and declared.isdigit() and int(declared) > limit:
         raise HttpError(413, "BadRequestException", f"request body of {declared} bytes exceeds max_request_size "
                                                      f"({limit} bytes)")
     body = bytearray()
-    async for part in request.stream():
+    parts = request.stream().__aiter__()
+    while True:
+        try:
+            part = await asyncio.wait_for(parts.__anext__(), timeout)
+        except StopAsyncIteration:
+            return bytes(body)
+        except asyncio.TimeoutError:
+            raise HttpError(408, "RequestTimeoutException", f"the request body stopped arriving: nothing for "
+                                                            f"{timeout:g} s (--read-timeout)") from None
         body += part
         if len(body) > limit:
             raise HttpError(413, "BadRequestException", f"request body exceeds max_request_size ({limit} bytes)")
-    return bytes(body)
+
+
+async def started(request: Request, pending: PendingRequest) -> Start | None:
+    """The answer's ``Start``, or None when the client went away first: the request is then cancelled (a queued
+    one is dropped, a rolling-batch one leaves the batch at the next step and frees its slot)."""
+    get = asyncio.ensure_future(pending.events.get())
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        done, _ = await asyncio.wait({get, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if get in done:
+        start = get.result()
+        assert isinstance(start, Start)
+        return start
+    get.cancel()
+    pending.cancelled = True
+    return None
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def _response_headers(pending: PendingRequest, start: Start) -> dict[str, str]:
@@ -90,10 +122,11 @@ def _response_headers(pending: PendingRequest, start: Start) -> dict[str, str]:
     return headers
 
 
-async def answer(pending: PendingRequest) -> Response:
+async def answer(request: Request, pending: PendingRequest) -> Response:
     """A complete answer goes out with content-length; anything else streams as it arrives."""
-    start = await pending.events.get()
-    assert isinstance(start, Start)
+    start = await started(request, pending)
+    if start is None:
+        return Response(b"", CANCELLED)  # nobody reads it: the client is gone
     headers = _response_headers(pending, start)
     first = await pending.events.get()
     if isinstance(first, End):

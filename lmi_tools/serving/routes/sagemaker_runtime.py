@@ -18,11 +18,12 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from lmi_handlers.rolling import CANCELLED
 
 from .. import eventstream
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel, Start, Status
 from ..store import ModelStore
-from .relay import RAW_BODY, Store, submit
+from .relay import RAW_BODY, Store, started, submit
 
 router = APIRouter(tags=["sagemaker-runtime"])
 COMPONENT_HEADER = "x-amzn-sagemaker-inference-component"
@@ -33,7 +34,7 @@ async def sagemaker_invoke(request: Request, store: Store, endpoint: str) -> Res
     model = _endpoint(store, endpoint, request.headers.get(COMPONENT_HEADER))
     if isinstance(model, Response):
         return model
-    return await sagemaker_answer(await submit(request, store, model, sagemaker=True), endpoint)
+    return await sagemaker_answer(request, await submit(request, store, model, sagemaker=True), endpoint)
 
 
 @router.post("/endpoints/{endpoint}/invocations-response-stream", openapi_extra=RAW_BODY)
@@ -42,7 +43,7 @@ async def sagemaker_stream(request: Request, store: Store, endpoint: str) -> Res
     if isinstance(model, Response):
         return model
     pending = await submit(request, store, model, sagemaker=True)
-    return await sagemaker_event_stream(pending, endpoint, store.server.sagemaker_part_size)
+    return await sagemaker_event_stream(request, pending, endpoint, store.server.sagemaker_part_size)
 
 
 def _endpoint(store: ModelStore, endpoint: str, component: str | None) -> ServedModel | Response:
@@ -104,18 +105,21 @@ async def _collect(pending: PendingRequest) -> bytes:
             return bytes(body)
 
 
-async def sagemaker_answer(pending: PendingRequest, endpoint: str) -> Response:
-    start = await pending.events.get()
-    assert isinstance(start, Start)
+async def sagemaker_answer(request: Request, pending: PendingRequest, endpoint: str) -> Response:
+    start = await started(request, pending)
+    if start is None:
+        return Response(b"", CANCELLED)
     body = await _collect(pending)
     if start.code >= 400:
         return _model_error(endpoint, start.code, body)
     return Response(body, 200, _sagemaker_headers(start))
 
 
-async def sagemaker_event_stream(pending: PendingRequest, endpoint: str, part_size: int) -> Response:
-    start = await pending.events.get()
-    assert isinstance(start, Start)
+async def sagemaker_event_stream(request: Request, pending: PendingRequest, endpoint: str,
+                                 part_size: int) -> Response:
+    start = await started(request, pending)
+    if start is None:
+        return Response(b"", CANCELLED)
     if start.code >= 400:
         return _model_error(endpoint, start.code, await _collect(pending))
     headers = _sagemaker_headers(start)

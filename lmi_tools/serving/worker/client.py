@@ -3,8 +3,8 @@
 ``start`` launches the worker with DJL's arguments, waits (at most 2 minutes, as Java does) for the
 ``Python engine started.`` line, connects to its unix socket and sends the init call (empty content,
 every option as a property) under ``model_loading_timeout``. ``predict`` sends one Input and reads
-the Output under ``predict_timeout``; a streamed Output is then read chunk by chunk, each within
-``chunked_read_timeout``. A worker that times out or dies is killed; the caller restarts it.
+the Output under ``predict_timeout``; a streamed Output is then read chunk by chunk, each within ``predict_timeout`` (or
+``chunked_read_timeout`` where that is shorter). A worker that times out or dies is killed; the caller restarts it.
 
 Where ``djl_python`` is installed its own engine (``djl_python_engine``) can be the worker.
 """
@@ -146,7 +146,9 @@ class Worker:
             raise WorkerDied(f"no answer within {timeout:g} s; the worker was killed and will be restarted") from None
         except (EOFError, OSError) as exc:
             self.kill()
-            raise WorkerDied(f"the worker process died ({exc}); last output: {self._tail()}") from None
+            # The worker's output (paths, log text) goes to the server log, never to clients.
+            logger.error("[%s] worker died (%s); last output: %s", self.name, exc, self._tail())
+            raise WorkerDied(f"the worker process died ({type(exc).__name__})") from None
 
     def predict(self, inputs: Input) -> OutputHeader:
         if not self.alive:
@@ -156,18 +158,21 @@ class Worker:
     def stream(self) -> Iterator[bytes]:
         """The chunks of a streamed Output, after ``predict`` returned a header with ``is_stream``."""
         assert self.sock is not None
-        self.sock.settimeout(self.settings.chunked_read_timeout)
+        # A handler that stops producing mid-stream is hung like one that never answers: predict_timeout bounds
+        # every wait on it, chunked_read_timeout (DJL's gap between chunks) only where it is shorter.
+        gap = min(self.settings.predict_timeout, self.settings.chunked_read_timeout)
+        self.sock.settimeout(gap)
         try:
             yield from read_stream_chunks(self.reader)
         except StreamBroken:
             raise
         except socket.timeout:
             self.kill()
-            raise WorkerDied(f"no chunk within {self.settings.chunked_read_timeout:g} s; the worker was "
-                             "killed and will be restarted") from None
+            raise WorkerDied(f"no chunk within {gap:g} s; the worker was killed and will be restarted") from None
         except (EOFError, OSError) as exc:
             self.kill()
-            raise WorkerDied(f"the worker process died mid-stream ({exc})") from None
+            logger.error("[%s] worker died mid-stream (%s); last output: %s", self.name, exc, self._tail())
+            raise WorkerDied(f"the worker process died mid-stream ({type(exc).__name__})") from None
 
     def _disconnect(self) -> None:
         # shutdown() rather than close() alone: the makefile() reader keeps the descriptor open,
