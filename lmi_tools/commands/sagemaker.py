@@ -69,6 +69,33 @@ def env_pairs(pairs: list[str]) -> dict[str, str]:
     return environment
 
 
+def _read_spec(ctx: typer.Context, _param, path: Optional[Path]) -> Optional[Path]:
+    """``--spec FILE``: a TOML (or JSON) file of deploy settings named like the options (``instance_count = 2``,
+    ``autoscale = "1:4"``, ``env = ["OPTION_DTYPE=fp16"]``); they become the options' defaults, so options on the
+    command line still win. ``model_dir`` is relative to the file."""
+    if path is None:
+        return None
+    from ..errors import UsageError
+    from ..modeldir.spec import tomllib
+
+    try:
+        text = path.read_text(encoding="utf-8")
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
+    except OSError as exc:
+        raise UsageError(f"--spec {path}: {exc.strerror or exc}") from None
+    except (ValueError, tomllib.TOMLDecodeError) as exc:
+        raise UsageError(f"--spec {path} is not valid {'JSON' if path.suffix == '.json' else 'TOML'}: {exc}") from None
+    settings = sorted(p.name for p in ctx.command.params if p.name not in ("spec", "dry_run", "help"))
+    unknown = sorted(set(data) - set(settings))
+    if unknown:
+        raise UsageError(f"--spec {path}: {unknown[0]!r} is not a deploy setting",
+                         hint=f"settings (the options' names with _): {', '.join(settings)}")
+    if "model_dir" in data:
+        data["model_dir"] = str(path.parent / data["model_dir"])
+    ctx.default_map = {**(ctx.default_map or {}), **data}
+    return path
+
+
 def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3://.../prefix/ (uncompressed)"),
            instance: str = typer.Option(..., help="SageMaker instance type: ml.inf2.48xlarge, ml.g5.12xlarge..."),
            role: str = typer.Option(..., help="Execution role ARN SageMaker assumes (S3 read, ECR pull)"),
@@ -103,6 +130,9 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            accelerators: Optional[int] = typer.Option(None, help="With --component and no --model-dir: "
                                                                  "NeuronCores or GPUs per copy"),
            memory_mb: int = typer.Option(1024, help="With --accelerators: host memory per copy in MiB"),
+           spec: Optional[Path] = typer.Option(None, is_eager=True, callback=_read_spec,
+                                               help="TOML/JSON file of these settings (keys: the option names "
+                                                    "with _); options given here win"),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print the API calls as JSON; call nothing"),
            region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
     """Create a SageMaker model, endpoint config and endpoint for an artifact, and wait until InService; or, with

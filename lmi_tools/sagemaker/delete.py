@@ -100,9 +100,10 @@ def plan_component_teardown(sm, component: str, model: bool = False, artifacts: 
 
 
 def _add_models(sm, plan: Teardown, names: list[str], model: bool, artifacts: bool) -> None:
+    """The models named (with ``model``) and their S3 data (with ``artifacts``), where they still exist."""
+    if not (model or artifacts):
+        return
     for name in dict.fromkeys(names):
-        if not (model or artifacts):
-            break
         description = _describe(sm, "describe_model", ModelName=name)
         if description is None:
             continue

@@ -308,3 +308,21 @@ def test_cli_usage_errors_name_the_option(argv, message, capsys):
               "pool", "--dry-run"]
     assert main(deploy + argv) == UsageError.exit_code
     assert message in capsys.readouterr().err
+
+
+def test_a_deploy_spec_file_holds_the_same_settings_and_options_win(tmp_path, capsys):
+    model_dir(tmp_path / "llama", LLAMA_2_7B, **{"option.tensor_parallel_degree": "8"})
+    spec = tmp_path / "deploy.toml"
+    spec.write_text(f'artifact = "s3://b/llama/model.tar.gz"\ninstance = "ml.inf2.48xlarge"\nrole = "{ROLE}"\n'
+                    'name = "pool"\ncomponent = "chat"\nmodel_dir = "llama"\ncopies = 2\nautoscale = "1:3"\n'
+                    'target_metric = "invocations"\ntarget_value = 30\nenv = ["OPTION_DTYPE=fp16"]\n')
+    assert main(["deploy", "--spec", str(spec), "--copies", "3", "--dry-run"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["calls"][1]["params"]["RuntimeConfig"] == {"CopyCount": 3}  # the option wins over the file
+    assert plan["calls"][0]["params"]["PrimaryContainer"]["Environment"] == {"OPTION_DTYPE": "fp16"}
+    assert "TP 8" in plan["sizing"]  # model_dir is relative to the file
+    assert plan["when_in_service"][1]["params"]["TargetTrackingScalingPolicyConfiguration"][
+        "PredefinedMetricSpecification"] == {"PredefinedMetricType": "SageMakerInferenceComponentInvocationsPerCopy"}
+    spec.write_text(spec.read_text() + "min_copies = 1\n")
+    assert main(["deploy", "--spec", str(spec), "--dry-run"]) == UsageError.exit_code
+    assert "'min_copies' is not a deploy setting" in capsys.readouterr().err
