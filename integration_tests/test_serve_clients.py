@@ -137,3 +137,16 @@ def test_metrics_in_prometheus_text_format(server, oai):
     assert value("lmi_running_sequences", "lmi_running_sequences", model="fox") == 0
     assert value("lmi_model_ready", "lmi_model_ready", model="bonjour") == 1
     assert value("lmi_worker_restarts", "lmi_worker_restarts_total", model="fox") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_lmi_bench_with_model_against_two_models(server, tmp_path, path):
+    """Issue 19 item 8: `lmi bench --model` against the multi-model setup used to get 400s only."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "lmi_tools", "bench", server.url + path, "--model", "bonjour",
+                             "-n", "4", "--max-new-tokens", "4", "--prompt-tokens", "4", "--no-plots",
+                             "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 requests 0 errors" in result.stdout + result.stderr
