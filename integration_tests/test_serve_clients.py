@@ -150,3 +150,13 @@ def test_lmi_bench_with_model_against_two_models(server, tmp_path, path):
                              "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "4 requests 0 errors" in result.stdout + result.stderr
+
+
+def test_huggingface_hub_streams_from_predictions_only_with_tgi_compat(serve):
+    """Issue 19 item 8: TGI clients pointed at /predictions/{model} need option.tgi_compat=true (docs/serving.md);
+    the server's root and /generate_stream need nothing."""
+    server = serve([serve.scripted("compat", **{"option.tgi_compat": "true"})])
+    client = InferenceClient(base_url=server.url + "/predictions/compat", timeout=30)
+    assert "".join(client.text_generation("hi", max_new_tokens=5, stream=True)) == FOX[:5]
+    root = InferenceClient(base_url=server.url, timeout=30)
+    assert "".join(root.text_generation("hi", max_new_tokens=5, stream=True)) == FOX[:5]
