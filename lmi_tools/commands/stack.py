@@ -14,8 +14,9 @@ def register(app: typer.Typer) -> None:
 
 
 def chat_stack(
-    models: list[str] = typer.Argument(..., help="[NAME=]s3://bucket/key/model.tar.gz (lmi package, lmi upload); the "
-                                                  "first is loaded at start, the page switches to the others"),
+    models: list[str] = typer.Argument(..., help="[NAME=]s3://bucket/key/model.tar.gz, or [NAME=]DIR (a model directory: "
+                                                  "the lmi package and lmi upload lines are printed too); the first is "
+                                                  "loaded at start, the page switches to the others"),
     key_name: str = typer.Option(..., "--key-name", help="EC2 key pair for SSH"),
     wheel: str = typer.Option(..., "--wheel", help="s3:// URI of the lmi-handlers wheel, in the artifacts' bucket"),
     instance: str = typer.Option("inf2.xlarge", "--instance", help="inf2.xlarge, inf2.8xlarge or g5.xlarge..."),
@@ -36,12 +37,18 @@ def chat_stack(
     Example: lmi chat-stack llama=s3://b/llama/model.tar.gz code=s3://b/code/model.tar.gz
     --wheel s3://b/lmi_handlers-0.1.0-py3-none-any.whl --key-name mykey --instance inf2.xlarge
     """
-    from ..ec2.chat_stack import ChatStack, parse_model, template_text
+    from ..errors import UsageError
+    from ..ec2.chat_stack import ChatStack, bucket_of, parse_model, prepare_lines, template_text
 
+    sources = [parse_model(m, bucket_of(wheel, "--wheel"), stack_name) for m in models]
     stack = ChatStack(stack_name=stack_name, instance=instance, key_name=key_name,
-                      models=tuple(parse_model(m) for m in models), wheel=wheel, volume_size=volume_size,
+                      models=tuple((name, uri) for name, uri, _ in sources), wheel=wheel, volume_size=volume_size,
                       vpc_id=vpc_id, subnet_id=subnet_id, allowed_cidr=allowed_cidr, image=image)
     stack.check()
+    local = [source for source in sources if source[2] is not None]
+    if deploy and local:
+        raise UsageError(f"{local[0][2]} is a local directory: its artifact must be in S3 before the stack is created",
+                         hint="run without --deploy for the lmi package / lmi upload lines, then pass the S3 URIs")
     if deploy:
         from ..sagemaker import aws
 
@@ -54,4 +61,6 @@ def chat_stack(
         return
     template.write_text(template_text(), encoding="utf-8")
     typer.echo(f"# wrote {template}; never deployed by lmi-handlers' authors (docs/ec2-chat-host.md)", err=True)
+    for name, uri, directory in local:
+        typer.echo("\n".join(prepare_lines(name, uri, directory)))
     typer.echo(stack.create_stack_line(template))

@@ -42,7 +42,7 @@ class ChatStack:
 
     @property
     def bucket(self) -> str:
-        return _bucket(self.wheel, "--wheel")
+        return bucket_of(self.wheel, "--wheel")
 
     def check(self) -> None:
         """A ``UsageError`` naming the option, the value and what is allowed."""
@@ -62,7 +62,7 @@ class ChatStack:
         for name, uri in self.models:
             if not NAME.fullmatch(name):
                 raise UsageError(f"model name {name!r} is invalid: use letters, digits, '.', '_' and '-'")
-            if _bucket(uri, name) != self.bucket:
+            if bucket_of(uri, name) != self.bucket:
                 raise UsageError(f"{uri} is not in the wheel's bucket {self.bucket}: the host may read one bucket; "
                                  "upload the artifacts and the wheel to the same one")
         if len(set(names)) != len(names):
@@ -88,19 +88,36 @@ class ChatStack:
         return response["StackId"]
 
 
-def parse_model(spec: str) -> tuple[str, str]:
-    """``NAME=s3://...``; a bare URI is named after its file, or its folder for ``.../NAME/model.tar.gz``."""
-    name, sep, uri = spec.partition("=")
-    if not sep or name.startswith("s3:"):
-        uri = spec
-        parts = [p for p in uri.removeprefix("s3://").split("/") if p]
+def parse_model(spec: str, bucket: str, prefix: str = "lmi-chat") -> tuple[str, str, Path | None]:
+    """``[NAME=]s3://...`` or ``[NAME=]DIR``: the name, the artifact's S3 URI and, for a local model directory, the
+    directory (its artifact goes to ``s3://BUCKET/PREFIX/NAME/model.tar.gz`` once packaged and uploaded).
+    A bare URI is named after its file, or its folder for ``.../NAME/model.tar.gz``; a directory after itself."""
+    name, sep, source = spec.partition("=")
+    if not sep or name.startswith("s3:") or "/" in name:
+        name, source = "", spec
+    if not source.startswith("s3://"):
+        directory = Path(source)
+        if not directory.is_dir():
+            raise UsageError(f"{spec!r} is neither an S3 URI nor a model directory",
+                             hint="give NAME=s3://bucket/key/model.tar.gz or NAME=DIR (a directory with "
+                                  "serving.properties)")
+        name = name or directory.resolve().name
+        return name, f"s3://{bucket}/{prefix}/{name}/model.tar.gz", directory
+    bucket_of(source, spec)
+    if not name:
+        parts = [p for p in source.removeprefix("s3://").split("/") if p]
         stem = parts[-1].removesuffix(".tar.gz").removesuffix(".tgz")
         name = parts[-2] if stem == "model" and len(parts) > 2 else stem
-    _bucket(uri, spec)
-    return name, uri
+    return name, source, None
 
 
-def _bucket(uri: str, what: str) -> str:
+def prepare_lines(name: str, uri: str, directory: Path) -> list[str]:
+    """What puts a local model directory's artifact where the stack reads it."""
+    artifact = f"{name}.tar.gz"
+    return [shlex.join(["lmi", "package", str(directory), "-o", artifact]), shlex.join(["lmi", "upload", artifact, uri])]
+
+
+def bucket_of(uri: str, what: str) -> str:
     match = S3_URI.fullmatch(uri)
     if match is None:
         raise UsageError(f"{what}: {uri!r} is not an S3 URI: expected s3://bucket/key")

@@ -82,12 +82,30 @@ def test_bad_options_are_usage_errors(tmp_path, args, message):
     assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr
 
 
+def models(*specs):
+    return tuple((name, uri) for name, uri, _ in (parse_model(spec, "bkt") for spec in specs))
+
+
 def test_artifacts_and_wheel_must_share_the_bucket_the_host_may_read():
-    stack = ChatStack("s", "inf2.xlarge", "k", (parse_model("a=s3://other/a.tar.gz"),), WHEEL)
+    stack = ChatStack("s", "inf2.xlarge", "k", models("a=s3://other/a.tar.gz"), WHEEL)
     with pytest.raises(Exception, match="not in the wheel's bucket bkt"):
         stack.check()
-    with pytest.raises(Exception, match="not an S3 URI"):
-        parse_model("a=/local/model.tar.gz")
+    with pytest.raises(Exception, match="neither an S3 URI nor a model directory"):
+        parse_model("a=/nowhere/model.tar.gz", "bkt")
+
+
+def test_a_model_directory_gets_its_package_and_upload_lines(tmp_path):
+    (tmp_path / "mistral").mkdir()
+    (tmp_path / "mistral" / "serving.properties").write_text("engine=Python\n")
+    result = lmi("chat-stack", "chat=mistral", "s3://bkt/code/model.tar.gz", "--wheel", WHEEL, "--key-name", "k",
+                 cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    package, upload, create = result.stdout.splitlines()
+    assert package == "lmi package mistral -o chat.tar.gz"
+    assert upload == "lmi upload chat.tar.gz s3://bkt/lmi-chat/chat/model.tar.gz"
+    assert "chat=s3://bkt/lmi-chat/chat/model.tar.gz,code=s3://bkt/code/model.tar.gz" in create
+    deploy = lmi("chat-stack", "chat=mistral", "--wheel", WHEEL, "--key-name", "k", "--deploy", cwd=tmp_path)
+    assert deploy.returncode == 2 and "must be in S3 before the stack is created" in deploy.stderr
 
 
 def test_deploy_creates_the_stack(monkeypatch):
@@ -97,7 +115,7 @@ def test_deploy_creates_the_stack(monkeypatch):
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     with mock_aws():
-        stack = ChatStack("lmi-chat", "inf2.xlarge", "mine", tuple(parse_model(m) for m in MODELS), WHEEL)
+        stack = ChatStack("lmi-chat", "inf2.xlarge", "mine", models(*MODELS), WHEEL)
         cloudformation = boto3.client("cloudformation")
         stack_id = stack.create(cloudformation)
         described = cloudformation.describe_stacks(StackName=stack_id)["Stacks"][0]
