@@ -7,7 +7,13 @@ of C prompts. Ours: closed-loop clients (each sends its next request as soon as 
 answered) served through ``handle()`` with DJLServing's rolling-batch step protocol, exactly as the
 Java front end drives it (``lmi_tools.serving.worker.frontend.RollingBatchLoop``), streaming jsonlines.
 
-    .venv/bin/python benchmarks/rolling_batch.py            # concurrency 1, 4, 16
+    .venv/bin/python benchmarks/rolling_batch.py                  # concurrency 1, 4, 16
+    .venv/bin/python benchmarks/rolling_batch.py --model smollm2  # the real model, real EOS
+
+``--model smollm2`` serves SmolLM2-135M-Instruct (the same shape, real weights: ``lmi model smollm2``) with chat
+questions that end on the model's EOS, so answers have their own lengths; every rate counts the tokens actually
+generated (up to and with the EOS), for the handler and the baselines alike. The 115M random model stays the
+throughput comparison that needs exactly N tokens per request.
 
 Prints output tokens/s, time to first token p50/p90 and inter-token latency per concurrency, beside
 the baselines, and the ratios. Figures, not assertions: nothing here fails on speed.
@@ -31,6 +37,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
+from lmi_tools.models.smollm2 import convert_smollm2  # noqa: E402
 from lmi_tools.models.tiny import build_tiny_model, corpus  # noqa: E402
 
 JSON = [("Content-Type", "application/json")]
@@ -47,32 +54,59 @@ def make_prompts(tokenizer, count: int, tokens: int) -> list[str]:
     return prompts
 
 
-def generate_rate(model, tokenizer, prompts: list[str], new_tokens: int) -> float:
+# Short facts and longer explanations, alternating, so answers of different lengths share every batch.
+QUESTIONS = [question for country, topic in zip(
+    ("France", "Germany", "Japan", "Italy", "Spain", "Canada", "Egypt", "Brazil"),
+    ("photosynthesis", "gravity", "the water cycle", "how a rainbow forms", "what a database index is",
+     "why the sky is blue", "how vaccines work", "what inflation is"))
+    for question in (f"What is the capital of {country}?", f"Explain {topic} in a few sentences.")]
+
+
+def chat_prompts(tokenizer, count: int) -> list[str]:
+    """``count`` chat prompts (short facts and longer explanations), rendered with the model's template."""
+    return [tokenizer.apply_chat_template([{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}],
+                                          tokenize=False, add_generation_prompt=True) for i in range(count)]
+
+
+def generated_count(row: list[int], eos_ids: set[int]) -> int:
+    """Tokens a sequence generated: up to and with its first EOS (padding after it is not output)."""
+    for i, token in enumerate(row):
+        if token in eos_ids:
+            return i + 1
+    return len(row)
+
+
+def generate_rate(model, tokenizer, prompts: list[str], new_tokens: int, real_eos: bool = False) -> float:
     """Output tokens/s of one ``model.generate`` call over ``prompts`` as a static (left-padded) batch."""
     tokenizer.padding_side = "left"
-    batch = tokenizer(prompts, return_tensors="pt", padding=True)
+    batch = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=not real_eos)
     began = time.perf_counter()
     with torch.inference_mode():
         out = model.generate(**{k: batch[k] for k in ("input_ids", "attention_mask")}, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+                             min_new_tokens=None if real_eos else new_tokens, do_sample=False,
+                             pad_token_id=tokenizer.pad_token_id)
     elapsed = time.perf_counter() - began
-    assert out.shape[1] - batch["input_ids"].shape[1] == new_tokens
-    return len(prompts) * new_tokens / elapsed
+    rows = out[:, batch["input_ids"].shape[1]:].tolist()
+    tokens = sum(generated_count(row, {tokenizer.eos_token_id}) for row in rows) if real_eos else len(rows) * new_tokens
+    assert real_eos or all(len(row) == new_tokens for row in rows)
+    return tokens / elapsed
 
 
-def hf_continuous_batching_rate(model, tokenizer, prompts: list[str], new_tokens: int) -> float:
+def hf_continuous_batching_rate(model, tokenizer, prompts: list[str], new_tokens: int, real_eos: bool = False) -> float:
     """Output tokens/s of transformers' own continuous batching (``generate_batch``) over ``prompts``."""
     from transformers import GenerationConfig
 
-    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False, eos_token_id=-1,
+    config = GenerationConfig(max_new_tokens=new_tokens, do_sample=False,
+                              eos_token_id=tokenizer.eos_token_id if real_eos else -1,
                               pad_token_id=tokenizer.pad_token_id)
-    ids = [tokenizer(p).input_ids for p in prompts]
+    ids = [tokenizer(p, add_special_tokens=not real_eos).input_ids for p in prompts]
     # It runs its own generation thread and warm-up (included in the time, as a caller would see it).
     began = time.perf_counter()
     out = model.generate_batch(ids, generation_config=config)
     elapsed = time.perf_counter() - began
-    assert all(len(result.generated_tokens) == new_tokens for result in out.values())
-    return len(prompts) * new_tokens / elapsed
+    tokens = sum(len(result.generated_tokens) for result in out.values())
+    assert real_eos or tokens == len(prompts) * new_tokens
+    return tokens / elapsed
 
 
 @dataclass
@@ -82,7 +116,8 @@ class Request:
     token_times: list[float] = field(default_factory=list)
 
 
-def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_client: int, new_tokens: int) -> dict:
+def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_client: int, new_tokens: int,
+                real_eos: bool = False) -> dict:
     """Closed loop: ``concurrency`` clients, ``per_client`` requests each, through the step protocol."""
     loop = RollingBatchLoop(max_size=concurrency)
     remaining = {c: per_client for c in range(concurrency)}
@@ -93,7 +128,7 @@ def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_clie
     while ready or loop.active:
         for client, sent in ready:
             payload = {"inputs": prompts[counter % len(prompts)], "stream": True,
-                       "parameters": {"max_new_tokens": new_tokens, "ignore_eos": True}}
+                       "parameters": {"max_new_tokens": new_tokens, "ignore_eos": not real_eos}}
             counter += 1
             remaining[client] -= 1
             loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=counter,
@@ -111,11 +146,11 @@ def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_clie
                     ready.append((request.client, now))
     elapsed = time.perf_counter() - began
     tokens = sum(len(r.token_times) for r in done)
-    assert tokens == len(done) * new_tokens
+    assert real_eos or tokens == len(done) * new_tokens
     ttft = sorted(r.token_times[0] - r.submitted for r in done)
     gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     return {"tokens_per_s": tokens / elapsed, "ttft_p50": _pct(ttft, 50), "ttft_p90": _pct(ttft, 90),
-            "itl_mean": statistics.fmean(gaps), "requests": len(done), "seconds": elapsed}
+            "itl_mean": statistics.fmean(gaps), "requests": len(done), "tokens": tokens, "seconds": elapsed}
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -124,7 +159,10 @@ def _pct(values: list[float], q: float) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, default=Path("out/bench-115m"))
+    parser.add_argument("--model", choices=["bench-115m", "smollm2"], default="bench-115m",
+                        help="bench-115m: random weights, exactly --new-tokens per request; smollm2: the real "
+                             "model, chat questions ending on its EOS")
+    parser.add_argument("--model-dir", type=Path, help="default: out/bench-115m, or lmi's cache for smollm2")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--per-client", type=int, default=4, help="requests each client sends")
     parser.add_argument("--prompt-tokens", type=int, default=100)
@@ -134,27 +172,35 @@ def main() -> None:
                         help="skip the transformers generate_batch baseline")
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    if not (args.model_dir / "config.json").exists():
-        print(f"building the 115M model in {args.model_dir} ...", flush=True)
-        build_tiny_model(args.model_dir, "bench-115m")
+    real_eos = args.model == "smollm2"
+    if real_eos:
+        args.model_dir = convert_smollm2(args.model_dir)
+    else:
+        args.model_dir = args.model_dir or Path("out/bench-115m")
+        if not (args.model_dir / "config.json").exists():
+            print(f"building the 115M model in {args.model_dir} ...", flush=True)
+            build_tiny_model(args.model_dir, "bench-115m")
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir).eval()
     levels = [int(c) for c in args.concurrency.split(",")]
-    prompts = make_prompts(tokenizer, max(levels) * 2, args.prompt_tokens)
+    prompts = (chat_prompts(tokenizer, max(levels) * 2) if real_eos
+               else make_prompts(tokenizer, max(levels) * 2, args.prompt_tokens))
     lengths = [len(tokenizer(p).input_ids) for p in prompts]
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, fp32, {torch.get_num_threads()}"
-          f" threads; prompts {min(lengths)}-{max(lengths)} tokens, {args.new_tokens} new tokens, greedy", flush=True)
+    print(f"model: {args.model}, {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, fp32, "
+          f"{torch.get_num_threads()} threads; prompts {min(lengths)}-{max(lengths)} tokens, "
+          + (f"answers up to {args.new_tokens} tokens, ending on EOS" if real_eos else f"{args.new_tokens} new tokens")
+          + ", greedy", flush=True)
 
     generate_rate(model, tokenizer, prompts[:2], 8)  # warm-up
     # One at a time over as many prompts as a concurrency-1 client sends, so both see the same work.
-    single = statistics.fmean(generate_rate(model, tokenizer, [p], args.new_tokens)
+    single = statistics.fmean(generate_rate(model, tokenizer, [p], args.new_tokens, real_eos)
                               for p in prompts[:args.per_client])
-    static = {c: generate_rate(model, tokenizer, prompts[:c], args.new_tokens) for c in levels if c > 1}
+    static = {c: generate_rate(model, tokenizer, prompts[:c], args.new_tokens, real_eos) for c in levels if c > 1}
     print(f"model.generate, one at a time: {single:.1f} tok/s; static batch: "
           + ", ".join(f"{c}: {r:.1f} tok/s" for c, r in static.items()), flush=True)
     hf_cb = None
     if not args.skip_hf_continuous_batching and hasattr(model, "generate_batch"):
-        hf_cb = hf_continuous_batching_rate(model, tokenizer, prompts[:max(levels)], args.new_tokens)
+        hf_cb = hf_continuous_batching_rate(model, tokenizer, prompts[:max(levels)], args.new_tokens, real_eos)
         print(f"transformers generate_batch (its continuous batching), {max(levels)} prompts at once: "
               f"{hf_cb:.1f} tok/s", flush=True)
 
@@ -165,13 +211,14 @@ def main() -> None:
     handler_run(handler, prompts, 2, 1, 8)  # warm-up
     rows = []
     for c in levels:
-        result = handler_run(handler, prompts, c, args.per_client, args.new_tokens)
+        result = handler_run(handler, prompts, c, args.per_client, args.new_tokens, real_eos)
         baseline = single if c == 1 else static[c]
         rows.append({"concurrency": c, **result, "baseline_tokens_per_s": baseline,
                      "ratio": result["tokens_per_s"] / baseline})
         print(f"handler, concurrency {c:>2}: {result['tokens_per_s']:6.1f} tok/s = {rows[-1]['ratio']:.2f}x "
               f"{'single' if c == 1 else 'static-batch'} generate; TTFT p50 {result['ttft_p50']:.2f} s, "
-              f"p90 {result['ttft_p90']:.2f} s; inter-token {result['itl_mean'] * 1000:.0f} ms", flush=True)
+              f"p90 {result['ttft_p90']:.2f} s; inter-token {result['itl_mean'] * 1000:.0f} ms; "
+              f"{result['tokens'] / result['requests']:.1f} tokens per answer", flush=True)
     targets = [("concurrency 16 >= 1.0x static generate", next((r["ratio"] >= 1.0 for r in rows if r["concurrency"] == 16), None)),
                ("concurrency 1 >= 0.95x single generate", next((r["ratio"] >= 0.95 for r in rows if r["concurrency"] == 1), None)),
                ("TTFT p50 at concurrency 16 < 4 s", next((r["ttft_p50"] < 4 for r in rows if r["concurrency"] == 16), None))]
