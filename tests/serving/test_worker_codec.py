@@ -11,7 +11,7 @@ from lmi_tools.serving.worker.codec import (StreamBroken, encode_input, iter_out
 
 def test_input_wire_round_trip():
     original = Input({"Content-Type": "application/json", "handler": "handle"},
-                     PairList([("data", b'{"inputs": "hi"}'), ("extra", b"\x00\x01")]))
+                     PairList(pair_list=[("data", b'{"inputs": "hi"}'), ("extra", b"\x00\x01")]))
     decoded = read_input(io.BytesIO(encode_input(original)))
     assert decoded.get_properties() == original.get_properties()
     assert decoded.get_content().get_keys() == ["data", "extra"]
