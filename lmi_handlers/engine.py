@@ -12,6 +12,7 @@ else: the engine resets the backend and keeps serving.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Iterator, Sequence
 
@@ -22,12 +23,14 @@ from .scheduler import Scheduler
 from .sequence import SequenceState
 
 logger = logging.getLogger(__name__)
+STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
 
 
 class Engine:
     def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False):
         self.backend = backend
         self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill)
+        self._logged = time.monotonic()
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
 
@@ -99,6 +102,9 @@ class Engine:
                 if seq.finished:
                     self.backend.release(seq)
         self.running = [seq for seq in self.running if not seq.finished]
+        if time.monotonic() - self._logged >= STATS_EVERY:
+            self._logged = time.monotonic()
+            logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))
         return events
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
