@@ -27,8 +27,10 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
           model_url_pattern: str = typer.Option(None, help="Regular expression a directory's resolved path must "
                                                            "match for POST /models?url= to load it (default: loading "
                                                            "by URL is refused)"),
-          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python is installed), "
-                                                  "lmi (ours) or djl"),
+          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python and its "
+                                                  "djl_python_engine.py are found, else ours; the log says which), "
+                                                  "lmi (ours) or djl (DJL's, else the load fails saying what is "
+                                                  "missing)"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
           read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
                                                         "before answering 408"),
@@ -40,6 +42,9 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                                              "accelerator's memory)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
+          endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
+                                                  "name: SageMaker Runtime calls must name a model as "
+                                                  "InferenceComponentName"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
     """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
     import re
@@ -64,7 +69,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         config = ServerConfig.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    config.engine, config.sagemaker_part_size = engine, sagemaker_part_size
+    config.engine, config.sagemaker_part_size, config.sagemaker_endpoint = engine, sagemaker_part_size, endpoint
     config.read_timeout, config.max_header_bytes, config.model_url_pattern = (read_timeout, max_header_bytes,
                                                                               model_url_pattern)
     if job_queue_size is not None:

@@ -16,6 +16,7 @@ def test_input_wire_round_trip():
     assert decoded.get_properties() == original.get_properties()
     assert decoded.get_content().get_keys() == ["data", "extra"]
     assert decoded.get_as_bytes("extra") == b"\x00\x01"
+    assert type(decoded.get_as_bytes()) is bytearray  # what djl_python's Input.read hands a handler
     assert decoded.get_function_name() == "handle"
 
 

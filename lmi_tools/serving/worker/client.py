@@ -57,12 +57,12 @@ class WorkerSettings:
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _engine_command(choice: EngineChoice, settings: WorkerSettings, sock: str) -> list[str]:
+def _engine_command(choice: engines.EngineChoice, settings: WorkerSettings, sock: str) -> list[str]:
     return [*choice.command, "--sock-type", "unix", "--sock-name", sock, "--model-dir", str(settings.model_dir),
             "--entry-point", settings.entry_point, "--device-id", "-1"]
 
 
-def _environment(choice: EngineChoice, settings: WorkerSettings) -> dict[str, str]:
+def _environment(choice: engines.EngineChoice, settings: WorkerSettings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(settings.env)
     # DJL's order: the existing PYTHONPATH, DJL's engine directory, then the model directory (so a vendored
@@ -190,8 +190,9 @@ class Worker:
             self.sock = None
 
     def kill(self) -> None:
-        """End the process first, then close the socket, as Java's ``stopPythonProcess`` does: DJL's engine
-        logs "Python engine process died" with a traceback when it sees the connection close."""
+        """End the process, then close the socket. Java's ``stopPythonProcess`` disconnects and destroys the
+        process at once; ending it first means DJL's engine never sees the connection close (which it logs
+        as "Python engine process died" with a traceback)."""
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, 9)

@@ -68,7 +68,7 @@ def read_input(stream: BinaryIO) -> Input:
         inputs.properties[key] = _read_string(stream)
     for _ in range(_read_short(stream)):
         key = _read_string(stream)
-        inputs.content.add(key, _read_exact(stream, _read_int(stream)))
+        inputs.content.add(key, bytearray(_read_exact(stream, _read_int(stream))))  # as djl_python reads it
     inputs.function_name = inputs.properties.get("handler")
     return inputs
 
