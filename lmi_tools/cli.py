@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-import click
 import typer
 
 from .errors import ToolError
@@ -42,15 +41,23 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             typer.secho(f"hint: {exc.hint}", fg="yellow", err=True)
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         typer.echo("aborted", err=True)
         return 130
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
+    except typer.TyperException as exc:
+        # The installed typer raises its own copy of click's exceptions (typer._click); TyperException is
+        # their public base. Usage errors show the usage line and exit 2, never a traceback.
+        show = getattr(exc, "show", None)
+        if show:
+            show()
+        else:
+            typer.secho(f"error: {exc.format_message()}", fg="red", err=True)
         return exc.exit_code
-
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -16,9 +16,8 @@ from typing import Any
 from lmi_handlers.backends.neuronx_options import CompileSettings
 from lmi_handlers.config import ConfigError
 
-from ..errors import UsageError
 from ..instances import lookup
-from ..modeldir.properties import init_properties, parse_directives, parse_properties, read_text
+from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
 from .checks import run_checks
@@ -81,12 +80,7 @@ def _describe(target: Target) -> str:
 def load_target(model_dir: Path, instance: str | None, config_path: str | Path | None) -> tuple[Target, list[Finding]]:
     """Read the inputs; problems that stop individual checks become findings, not exceptions."""
     text = read_text(model_dir / "serving.properties")
-    directives = parse_directives(text)
-    name = instance or directives.get("instance_type")
-    if not name:
-        raise UsageError(f"no instance type for {model_dir}",
-                         hint="pass --instance TYPE (e.g. inf2.xlarge), or add a line "
-                              "'# lmi: instance_type=TYPE' to serving.properties (lmi render writes it)")
+    name = instance_type(model_dir, text, instance)
     target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
                     instance=lookup(name), non_ascii=not text.isascii())
     findings: list[Finding] = []
