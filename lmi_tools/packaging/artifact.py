@@ -23,11 +23,10 @@ from lmi_handlers.config import ConfigError
 from ..errors import UsageError
 from ..modeldir.properties import init_properties, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
-from ..validation.runtime import handler_config, ignored_options
+from ..validation.runtime import CONTAINER_MODEL_DIR, handler_config, ignored_options
 from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
-CONTAINER_MODEL_DIR = "/opt/ml/model"
 
 
 @dataclass

@@ -16,7 +16,7 @@ from lmi_handlers.config import ConfigError, parse_bool
 from .entry_point import resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from .runtime import ignored_options
+from .runtime import CONTAINER_MODEL_DIR, ignored_options
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -102,6 +102,11 @@ def check_model_source(target: Target) -> Finding:
         return Finding("info", "weights", f"DJLServing downloads {model_id} before the handler loads")
     if Path(resolved).is_dir():
         return Finding("ok", "weights", f"local directory {resolved}")
+    if Path(model_id).is_absolute():
+        return Finding("warning", "weights", f"{model_id} is an absolute path that does not exist on this machine; "
+                       "the handler loads it only if it exists in the container (it is not a hub id)",
+                       f"use a path relative to the model directory, or {CONTAINER_MODEL_DIR}/... for the model "
+                       "directory as the container mounts it")
     return Finding("info", "weights", f"{model_id} is downloaded from the Hugging Face hub at load time",
                    "the container needs internet access (and HF_TOKEN for gated models), or give a local "
                    "directory or s3:// prefix")

@@ -114,7 +114,12 @@ def _load_architecture(target: Target, config_path: str | Path | None) -> list[F
     if bundled:
         _read_architecture(target, bundled, f"the bundled reference config of {model_id}")
         return []
-    where = "model_id is a hub id we ship no config for" if model_id else "the model directory has no config.json"
+    if local.is_dir():
+        where = f"{local} has no config.json"
+    elif local.is_absolute():
+        where = f"model_id {model_id} is an absolute path that does not exist here"
+    else:
+        where = "model_id is a hub id we ship no config for"
     return [Finding("error", "architecture", f"cannot find the model's config.json ({where}), so heads, memory "
                     "and positions cannot be checked", "pass --config PATH/TO/config.json")]
 
