@@ -6,8 +6,10 @@ Each module imports its heavy dependencies lazily, so choosing one costs nothing
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from ..config import HandlerConfig
+from ..errors import ConfigError
 from .base import Backend
 
 
@@ -24,6 +26,7 @@ def load_backend(config: HandlerConfig) -> Backend:
         from .scripted import ScriptedBackend
 
         return ScriptedBackend(config)
+    _check_model_files(config.model_id)
     if name == "neuronx":
         from .neuronx import NeuronxBackend
 
@@ -31,3 +34,12 @@ def load_backend(config: HandlerConfig) -> Backend:
     from .hf import HFBackend
 
     return HFBackend(config)
+
+
+def _check_model_files(model_id: str) -> None:
+    """A local model without config.json would otherwise fail deep inside transformers with a misleading hint
+    (about sentencepiece, for a missing tokenizer); name the real cause instead."""
+    if os.path.isdir(model_id) and not os.path.isfile(os.path.join(model_id, "config.json")):
+        raise ConfigError("model_id", model_id, "this directory has no config.json; it needs the model's "
+                          "config.json, tokenizer and weights (set option.model_id to where they are; lmi validate "
+                          "checks this before deploying)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from typing import Any, AsyncIterator, Sequence
 
@@ -18,6 +19,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from ..errors import UsageError
 from .routes import inference, management, sagemaker_runtime
 from .routes.relay import HttpError, djl_error
 from .store import ModelStore
@@ -87,17 +89,33 @@ class _Listener(uvicorn.Server):
         yield
 
 
-def serve(listeners: Sequence[tuple[FastAPI, str, int]], log_level: str) -> None:
-    """Run one uvicorn server per (app, host, port) until the first stops (Ctrl-C); then stop the others."""
-    configs = [uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, host, port in listeners]
+def listen(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` now, before any model loads, so that a port in use is a usage error at once."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port at once
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         hint="another server may be using it: pass --port N (and --management-port M), or stop "
+                              "that server") from None
+    return sock
+
+
+def serve(listeners: Sequence[tuple[FastAPI, socket.socket]], log_level: str) -> None:
+    """Run one uvicorn server per (app, bound socket) until the first stops (Ctrl-C); then stop the others."""
+    configs = [uvicorn.Config(app, log_level=log_level, access_log=False,
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, _ in listeners]
     servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
+    sockets = [sock for _, sock in listeners]
 
     async def main() -> None:
         async def first() -> None:
-            await servers[0].serve()
+            await servers[0].serve(sockets=[sockets[0]])
             for other in servers[1:]:
                 other.should_exit = True
-        await asyncio.gather(first(), *(server.serve() for server in servers[1:]))
+        await asyncio.gather(first(), *(server.serve(sockets=[sock]) for server, sock in zip(servers[1:],
+                                                                                               sockets[1:])))
 
     asyncio.run(main())
