@@ -31,6 +31,46 @@ COMMAND_MODULES = [
 for _name in COMMAND_MODULES:
     import_module(_name).register(app)
 
+# One or two typical command lines per command, shown at the end of its --help (tests/tools/test_cli_usage.py
+# parses each one, so they stay true to the options).
+EXAMPLES = {
+    "tiny-model": ["lmi tiny-model out/tiny"],
+    "serve": ["lmi serve out/demo/model --port 8080", "lmi serve chat=./llama code=./codellama"],
+    "new": ["lmi new --preset llama-3-8b-inf2-xlarge model/"],
+    "render": ["lmi render my-spec.toml model/"],
+    "presets": ["lmi presets"],
+    "validate": ["lmi validate model/ --instance inf2.xlarge", "lmi validate model/ --json"],
+    "package": ["lmi package model/ -o model.tar.gz", "lmi package model/ --uncompressed out/model-tree"],
+    "inspect": ["lmi inspect model.tar.gz"],
+    "compile": ["lmi compile model/ --instance inf2.xlarge"],
+    "docker-run": ["lmi docker-run model/ --instance inf2.xlarge", "lmi docker-run model/ --exec"],
+    "upload": ["lmi upload model.tar.gz s3://my-bucket/llama/"],
+    "deploy": ["lmi deploy --artifact s3://my-bucket/llama/model.tar.gz --instance ml.inf2.xlarge "
+               "--role arn:aws:iam::111122223333:role/SageMakerExecution --name llama --region us-east-1 --dry-run"],
+    "invoke": ["lmi invoke llama --prompt 'What is Inferentia2?' --stream"],
+    "delete": ["lmi delete llama --all --dry-run"],
+    "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
+              "lmi bench --serve out/demo/model --sweep 1,4,16"],
+    "optimize start": ["lmi optimize start --name llama-awq --model s3://my-bucket/llama/ "
+                       "--output s3://my-bucket/llama-awq/ --instance ml.g5.12xlarge "
+                       "--role arn:aws:iam::111122223333:role/SageMakerRole --quantize awq --dry-run"],
+    "optimize wait": ["lmi optimize wait llama-awq"],
+    "optimize stop": ["lmi optimize stop llama-awq"],
+    "optimize deploy": ["lmi optimize deploy llama-awq --name llama-awq"],
+}
+
+
+def _commands(typer_app: typer.Typer, prefix: str = ""):
+    """(full name, CommandInfo) of every command, those of groups included."""
+    for info in typer_app.registered_commands:
+        yield prefix + (info.name or info.callback.__name__.replace("_", "-")), info
+    for group in typer_app.registered_groups:
+        yield from _commands(group.typer_instance, f"{prefix}{group.name} ")
+
+
+for _full_name, _info in _commands(app):
+    _info.epilog = "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES.get(_full_name, []))
+
 
 def main(argv: list[str] | None = None) -> int:
     try:

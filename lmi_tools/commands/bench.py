@@ -139,7 +139,10 @@ def _server(model_dir: Optional[Path], output: Path):
         return
     from ..bench.local_server import LocalServer
 
-    with LocalServer(model_dir, output / "serve.log") as server:
+    server = LocalServer(model_dir, output / "serve.log")
+    typer.echo(f"starting lmi serve {model_dir} on {server.base} and waiting for /ping (its log: {server.log_path}; "
+               "loading a model can take minutes)", err=True)
+    with server:
         yield server
 
 

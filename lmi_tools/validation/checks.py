@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lmi_handlers.config import ConfigError, parse_bool
 
-from .entry_point import resolve
+from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
 from .runtime import CONTAINER_MODEL_DIR, ignored_options
@@ -52,16 +52,18 @@ def run_checks(target: Target) -> list[Finding]:
     return findings
 
 
-def check_entry_point(target: Target) -> Finding:
-    root = target.model_dir
-
+def entry_point_of(model_dir: Path, props: dict[str, str]) -> EntryPoint:
     def exists(rel: str) -> bool:
-        return (root / rel).is_file()
+        return (model_dir / rel).is_file()
 
     def read(rel: str) -> str:
-        return (root / rel).read_text(encoding="utf-8", errors="replace")
+        return (model_dir / rel).read_text(encoding="utf-8", errors="replace")
 
-    result = resolve(target.props.get("entryPoint"), exists, read, runtime_vendored=False)
+    return resolve(props.get("entryPoint"), exists, read, runtime_vendored=False)
+
+
+def check_entry_point(target: Target) -> Finding:
+    result = entry_point_of(target.model_dir, target.props)
     engine = target.props.get("engine")
     if result.ok and engine not in (None, "Python"):
         return Finding("error", "entry point", f"engine={engine}: only the Python engine runs lmi_handlers",

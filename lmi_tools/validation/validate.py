@@ -20,7 +20,7 @@ from ..instances import lookup
 from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
-from .checks import run_checks
+from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
 from .runtime import handler_config, neuronx_plan
@@ -87,8 +87,13 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     try:
         target.config = handler_config(target.props, str(target.model_dir))
     except ConfigError as exc:
-        findings.append(Finding("error", "properties", str(exc),
-                                "fix this first: the handler would refuse to load with it"))
+        if entry_point_of(target.model_dir, target.props).own_handle:
+            findings.append(Finding("info", "properties", f"{exc} for lmi_handlers, but model.py defines its own "
+                                    "handle(), which reads the properties itself; the hardware checks need "
+                                    "lmi_handlers' options, so they are skipped"))
+        else:
+            findings.append(Finding("error", "properties", str(exc),
+                                    "fix this first: the handler would refuse to load with it"))
         return target, findings
     if target.config.backend != "scripted":  # the scripted backend has no weights to size
         findings.extend(_load_architecture(target, config_path))

@@ -47,3 +47,25 @@ def test_docker_run_without_any_instance_type_says_where_to_put_one(tmp_path):
     assert result.returncode == 2
     assert "no instance type" in result.stderr and "# lmi: instance_type=" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_every_command_shows_examples_that_parse():
+    import shlex
+
+    import typer.main
+
+    from lmi_tools.cli import EXAMPLES, _commands, app
+
+    names = [name for name, _ in _commands(app)]
+    assert sorted(names) == sorted(EXAMPLES)
+    root = typer.main.get_command(app)
+    for name, lines in EXAMPLES.items():
+        for line in lines:
+            words = shlex.split(line)
+            assert words[:1 + name.count(" ") + 1] == ["lmi", *name.split()]
+            command = root
+            for word in name.split():
+                command = command.commands[word]
+            command.make_context(name, words[1 + len(name.split()):])  # raises on an unknown option or bad value
+    result = run_lmi("deploy", "--help")
+    assert "Examples:" in result.stdout and "--dry-run" in result.stdout.split("Examples:")[1]
