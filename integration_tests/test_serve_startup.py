@@ -1,10 +1,11 @@
-"""``lmi serve`` at start-up: a port in use fails before any model loads; a model directory without its model
-files names the missing config.json (not a transformers hint about sentencepiece)."""
+"""``lmi serve`` for a newcomer: a port in use fails before any model loads; a model directory without its model
+files names the missing config.json (not a transformers hint about sentencepiece); /docs works offline."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -42,3 +43,13 @@ def test_a_model_directory_without_config_json_says_so(serve):
     assert status == "FAILED"
     assert "has no config.json" in description["error"] and "sentencepiece" not in description["error"]
     assert httpx.get(f"{server.url}/ping", timeout=5).status_code == 503
+
+
+def test_docs_page_loads_its_scripts_from_the_server_itself(serve):
+    server = serve([serve.scripted()])
+    page = httpx.get(f"{server.url}/docs", timeout=10)
+    assert page.status_code == 200
+    assets = re.findall(r"""(?:src|href)=["']?([^"' >]+\.(?:js|css))""", page.text)
+    assert assets and all(url.startswith("/") for url in assets), assets  # no CDN
+    for url in assets:
+        assert httpx.get(server.url + url, timeout=10).status_code == 200

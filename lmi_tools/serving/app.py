@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Sequence
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
 from ..errors import UsageError
 from .metrics import Metrics
@@ -81,8 +82,10 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
         if owns_store:
             await asyncio.to_thread(store.close)
 
-    app = FastAPI(title="lmi serve", description="A local DJLServing-compatible server for lmi_handlers models.",
-                  lifespan=lifespan)
+    # FastAPIOffline serves the /docs and /redoc pages' scripts itself: FastAPI's load them from a CDN, which leaves
+    # the page blank on a machine without internet.
+    app = FastAPIOffline(title="lmi serve", lifespan=lifespan,
+                         description="A local DJLServing-compatible server for lmi_handlers models.")
     app.state.store = store
     app.state.metrics = Metrics(store)
     app.add_exception_handler(HttpError, _on_http_error)
