@@ -28,6 +28,10 @@ def load_backend(config: HandlerConfig) -> Backend:
         return ScriptedBackend(config)
     _check_model_files(config.model_id)
     if name == "neuronx":
+        if importlib.util.find_spec("transformers_neuronx") is None:  # fail before any download from the hub
+            raise ConfigError("backend", config.backend, "the neuronx backend needs transformers-neuronx, which the "
+                              "LMI neuronx image has on inf2/trn1 hosts and this machine has not; to run this model "
+                              "directory here, set option.backend=hf (or auto)")
         from .neuronx import NeuronxBackend
 
         return NeuronxBackend(config)
