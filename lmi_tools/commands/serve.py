@@ -27,8 +27,10 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
           model_url_pattern: str = typer.Option(None, help="Regular expression a directory's resolved path must "
                                                            "match for POST /models?url= to load it (default: loading "
                                                            "by URL is refused)"),
-          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python is installed), "
-                                                  "lmi (ours) or djl"),
+          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python and its "
+                                                  "djl_python_engine.py are found, else ours; the log says which), "
+                                                  "lmi (ours) or djl (DJL's, else the load fails saying what is "
+                                                  "missing)"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
           read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
                                                         "before answering 408"),
