@@ -62,6 +62,33 @@ def test_engine_djl_that_cannot_run_says_what_is_missing(serve):
     assert engines.find_djl()[1] in logs
 
 
+# A stand-in for DJL's engine script, found where DJLServing extracts it: our engine, then the line DJL's engine
+# logs (with a traceback) when the front end closes the socket under it.
+FAKE_DJL_ENGINE = '''
+import sys
+from lmi_tools.serving.worker.process import main
+main(sys.argv[1:])
+print("Python engine process died", flush=True)
+'''
+
+
+def test_a_packaged_djl_python_runs_from_djls_engine_cache_and_stops_cleanly(serve, tmp_path):
+    site = tmp_path / "site"
+    (site / "djl_python").mkdir(parents=True)
+    (site / "djl_python" / "__init__.py").write_text("")
+    (site / "djl_python-0.29.0.dist-info").mkdir()
+    (site / "djl_python-0.29.0.dist-info" / "METADATA").write_text("Name: djl_python\nVersion: 0.29.0\n")
+    script = tmp_path / "cache" / "python" / "0.29.0" / "djl_python_engine.py"
+    script.parent.mkdir(parents=True)
+    script.write_text(FAKE_DJL_ENGINE)
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(site)]), "DJL_CACHE_DIR": str(tmp_path / "cache")}
+    server = serve([serve.echo()], env=env, args=["--engine", "auto"])
+    assert httpx.post(server.url + "/predictions/echo", json={"i": 1}, timeout=60).status_code == 200
+    assert f"worker engine: DJL's engine {script} (djl_python 0.29.0)" in server.logs()
+    server.stop()
+    assert "Python engine process died" not in server.logs()  # killed before its socket closed, as Java does
+
+
 # --- DJL's own engine as the worker: runs where djl_python and djl_python_engine.py are found ----------
 
 needs_djl = pytest.mark.skipif(engines.find_djl()[0] is None, reason="DJL's engine is not here: "
@@ -80,7 +107,7 @@ def test_djls_engine_serves_the_handler_and_stops_without_a_traceback(serve):
 
 @needs_djl
 def test_djls_engine_answers_a_bad_item_in_a_dynamic_batch_with_200_like_java(serve):
-    server = serve([serve.scripted(batch_size=3, max_batch_delay=1000, **{"option.max_new_tokens": 2})],
+    server = serve([serve.scripted(batch_size=3, max_batch_delay=5000, **{"option.max_new_tokens": 2})],
                    env=djl_env(), args=["--engine", "djl"])
     url = server.url + "/predictions/scripted"
     with concurrent.futures.ThreadPoolExecutor(3) as pool:

@@ -23,6 +23,7 @@ COMMAND_MODULES = [
     "lmi_tools.commands.package",
     "lmi_tools.commands.compile",
     "lmi_tools.commands.docker",
+    "lmi_tools.commands.stack",
     "lmi_tools.commands.sagemaker",
     "lmi_tools.commands.optimize",
     "lmi_tools.commands.bench",
