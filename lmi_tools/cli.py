@@ -52,6 +52,8 @@ EXAMPLES = {
     "delete": ["lmi delete llama --all --dry-run"],
     "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
               "lmi bench --serve out/demo/model --sweep 1,4,16"],
+    "chat-stack": ["lmi chat-stack llama=s3://my-bucket/llama/model.tar.gz --wheel "
+                   "s3://my-bucket/lmi_handlers-0.1.0-py3-none-any.whl --key-name my-key --instance inf2.xlarge"],
     "optimize start": ["lmi optimize start --name llama-awq --model s3://my-bucket/llama/ "
                        "--output s3://my-bucket/llama-awq/ --instance ml.g5.12xlarge "
                        "--role arn:aws:iam::111122223333:role/SageMakerRole --quantize awq --dry-run"],
