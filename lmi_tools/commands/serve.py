@@ -42,6 +42,9 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                                              "accelerator's memory)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
+          endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
+                                                  "name: SageMaker Runtime calls must name a model as "
+                                                  "InferenceComponentName"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
     """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
     import re
@@ -66,7 +69,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         config = ServerConfig.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    config.engine, config.sagemaker_part_size = engine, sagemaker_part_size
+    config.engine, config.sagemaker_part_size, config.sagemaker_endpoint = engine, sagemaker_part_size, endpoint
     config.read_timeout, config.max_header_bytes, config.model_url_pattern = (read_timeout, max_header_bytes,
                                                                               model_url_pattern)
     if job_queue_size is not None:
