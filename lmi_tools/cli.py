@@ -50,6 +50,8 @@ EXAMPLES = {
                "--role arn:aws:iam::111122223333:role/SageMakerExecution --name llama --region us-east-1 --dry-run"],
     "invoke": ["lmi invoke llama --prompt 'What is Inferentia2?' --stream"],
     "delete": ["lmi delete llama --all --dry-run"],
+    "components": ["lmi components pool"],
+    "scale": ["lmi scale chat 2", "lmi scale code 0 --no-wait"],
     "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
               "lmi bench --serve out/demo/model --sweep 1,4,16"],
     "chat-stack": ["lmi chat-stack llama=s3://my-bucket/llama/model.tar.gz --wheel "
@@ -72,7 +74,8 @@ def _commands(typer_app: typer.Typer, prefix: str = ""):
 
 
 for _full_name, _info in _commands(app):
-    _info.epilog = "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES.get(_full_name, []))
+    if _full_name in EXAMPLES:
+        _info.epilog = "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES[_full_name])
 
 
 def main(argv: list[str] | None = None) -> int:
