@@ -10,6 +10,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from ..errors import UsageError
 from .aws import aws_errors
 
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY", re.IGNORECASE)
@@ -42,8 +43,12 @@ def run(clients: Mapping[str, object], calls, on_step: Callable[[str], None] | N
     """Make ``calls`` in order on ``clients[call.service]``; returns the answers."""
     answers = []
     for call in calls:
+        client = clients.get(call.service)
+        if client is None:
+            raise UsageError(f"{call.method} {call.subject} needs a {call.service} client",
+                             hint=f"pass boto3.client({call.service!r}) to the library function")
         with aws_errors(f"{call.method.replace('_', ' ')} {call.subject}"):
-            answers.append(getattr(clients[call.service], call.method)(**call.params))
+            answers.append(getattr(client, call.method)(**call.params))
         if on_step:
             on_step(f"{call.method}: {call.subject}")
     return answers

@@ -81,7 +81,7 @@ def plan_teardown(sm, endpoint: str, config: bool = False, model: bool = False,
             name = summary["InferenceComponentName"]
             plan.components.append(name)
             resources.append(component_resource(name))
-            names.append(describe_component(sm, name)["Specification"]["ModelName"])
+            names.append(_model_of(describe_component(sm, name)))
     if autoscaling is not None:
         plan.scaling = teardown(autoscaling, resources)
     _add_models(sm, plan, names, model, artifacts)
@@ -95,15 +95,20 @@ def plan_component_teardown(sm, component: str, model: bool = False, artifacts: 
     plan = Teardown(components=[component])
     if autoscaling is not None:
         plan.scaling = teardown(autoscaling, [component_resource(component)])
-    _add_models(sm, plan, [description["Specification"]["ModelName"]], model, artifacts)
+    _add_models(sm, plan, [_model_of(description)], model, artifacts)
     return plan
+
+
+def _model_of(component: dict) -> str:
+    """The component's model ("" when it was made from a container spec, not a model: nothing to delete)."""
+    return component.get("Specification", {}).get("ModelName", "")
 
 
 def _add_models(sm, plan: Teardown, names: list[str], model: bool, artifacts: bool) -> None:
     """The models named (with ``model``) and their S3 data (with ``artifacts``), where they still exist."""
     if not (model or artifacts):
         return
-    for name in dict.fromkeys(names):
+    for name in dict.fromkeys(filter(None, names)):
         description = _describe(sm, "describe_model", ModelName=name)
         if description is None:
             continue

@@ -326,3 +326,39 @@ def test_a_deploy_spec_file_holds_the_same_settings_and_options_win(tmp_path, ca
     spec.write_text(spec.read_text() + "min_copies = 1\n")
     assert main(["deploy", "--spec", str(spec), "--dry-run"]) == UsageError.exit_code
     assert "'min_copies' is not a deploy setting" in capsys.readouterr().err
+
+
+def test_a_plan_with_autoscaling_needs_the_autoscaling_client():
+    from lmi_tools.sagemaker.calls import run
+
+    calls = Autoscaling(1, 2, 4.0).calls("inference-component/chat", "component")
+    with pytest.raises(UsageError, match="register_scalable_target inference-component/chat needs an? "
+                                         "application-autoscaling client"):
+        run({"application-autoscaling": None}, calls)
+
+
+def test_a_component_made_without_a_model_leaves_no_model_to_delete(clients):
+    sm, sm_stub, *_ = clients
+    made_from_container = {**component_description("raw", "InService"), "Specification": {}}
+    sm_stub.add_response("describe_inference_component", made_from_container, {"InferenceComponentName": "raw"})
+    assert plan_component_teardown(sm, "raw", model=True).models == []
+
+
+def test_cli_lists_components_and_scales_one(clients, capsys, monkeypatch):
+    sm, sm_stub, *_ = clients
+    monkeypatch.setattr("lmi_tools.sagemaker.aws.client", lambda *args, **kwargs: sm)
+    summary = {k: v for k, v in component_description("chat", "InService").items()
+               if k not in ("Specification", "RuntimeConfig")}
+    sm_stub.add_response("list_inference_components", {"InferenceComponents": [summary]}, {"EndpointNameEquals": "pool"})
+    sm_stub.add_response("describe_inference_component", component_description("chat", "InService", 2, 1),
+                         {"InferenceComponentName": "chat"})
+    assert main(["components", "pool", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == [{
+        "component": "chat", "status": "InService", "model": "chat", "copies": 2, "current_copies": 1,
+        "accelerators": 8.0, "memory_mb": 13_000}]
+    sm_stub.add_response("update_inference_component_runtime_config", {"InferenceComponentArn": ARN + "x"},
+                         {"InferenceComponentName": "chat", "DesiredRuntimeConfig": {"CopyCount": 0}})
+    sm_stub.add_response("describe_inference_component", component_description("chat", "InService", 0, 0),
+                         {"InferenceComponentName": "chat"})
+    assert main(["scale", "chat", "0", "--poll-interval", "0"]) == 0
+    assert json.loads(capsys.readouterr().out)["CurrentCopyCount"] == 0
