@@ -50,7 +50,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     import re
 
     from ..errors import UsageError
-    from ..serving.app import INFERENCE, MANAGEMENT, create_app, serve as run
+    from ..serving.app import INFERENCE, MANAGEMENT, create_app, listen, serve as run
     from ..serving.store import ModelStore, ServerConfig, model_name_for, model_path_for
 
     if engine not in ("auto", "lmi", "djl"):
@@ -76,6 +76,8 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         config.job_queue_size = job_queue_size
     management_port = port + 1 if management_port is None else management_port
     _warn_exposed(host, management_host, model_url_pattern)
+    one_listener = (management_host, management_port) == (host, port)
+    sockets = [listen(host, port)] + ([] if one_listener else [listen(management_host, management_port)])
     store = ModelStore(config)
     store.one_at_a_time = one_at_a_time
     for i, spec in enumerate(models):
@@ -88,11 +90,11 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         except ValueError as exc:
             store.close()
             raise UsageError(str(exc)) from None
-    if (management_host, management_port) == (host, port):
-        listeners = [(create_app(store), host, port)]
+    if one_listener:
+        listeners = [(create_app(store), sockets[0])]
     else:
-        listeners = [(create_app(store, INFERENCE), host, port),
-                     (create_app(store, MANAGEMENT, owns_store=False), management_host, management_port)]
+        listeners = [(create_app(store, INFERENCE), sockets[0]),
+                     (create_app(store, MANAGEMENT, owns_store=False), sockets[1])]
     typer.echo(f"lmi serve: http://{host}:{port}  management: http://{management_host}:{management_port}  "
                f"models: {', '.join(store.catalog)}  (GET /ping until 200; chat page: http://{host}:{port}/)")
     run(listeners, log_level)
