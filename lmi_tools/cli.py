@@ -37,6 +37,8 @@ for _name in COMMAND_MODULES:
 # parses each one, so they stay true to the options).
 EXAMPLES = {
     "tiny-model": ["lmi tiny-model out/tiny"],
+    "model smollm2": ["lmi model smollm2", "lmi model smollm2 out/smollm2"],
+    "model from-gguf": ["lmi model from-gguf ./qwen2-0.5b-instruct-q8_0.gguf out/qwen2"],
     "serve": ["lmi serve out/demo/model --port 8080", "lmi serve chat=./llama code=./codellama"],
     "new": ["lmi new --preset llama-3-8b-inf2-xlarge model/"],
     "render": ["lmi render my-spec.toml model/"],
