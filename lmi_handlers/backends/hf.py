@@ -24,6 +24,7 @@ from typing import Any, Sequence
 from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import SequenceState
+from .quantize import model_bytes, parse_method, quantize_weights
 from .sampling import select_tokens
 from .slot_cache import grouped_decode_attention, make_slot_cache
 
@@ -96,7 +97,7 @@ def model_max_positions(model_config: Any) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = frozenset()
+    option_keys = frozenset({"quantize"})
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -120,6 +121,7 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
+        self.quantized = self._quantize(model, parse_method(config.properties.get("quantize")))
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
@@ -131,6 +133,16 @@ class HFBackend:
         self.runner = self._choose_runner()
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
+
+    @staticmethod
+    def _quantize(model: Any, method: str | None) -> Any:
+        if method is None:
+            logger.info("weights: %.1f MiB", model_bytes(model) / 2**20)
+            return None
+        done = quantize_weights(model, method)
+        logger.info("weights: %s on %d linear layers (%s kernel), %.1f MiB -> %.1f MiB", done.method, done.layers,
+                    done.kernel, done.bytes_before / 2**20, done.bytes_after / 2**20)
+        return done
 
     def _choose_runner(self) -> "SlotRunner | NativeRunner":
         window = getattr(self.model.config, "sliding_window", None)
