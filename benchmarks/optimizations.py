@@ -89,18 +89,19 @@ def workloads(tokenizer, count: int, prompt_tokens: int) -> dict[str, list[str]]
     return out
 
 
-def load(model_dir: Path, concurrency: int, options: dict[str, str]) -> Handler:
+def load(model_dir: Path, concurrency: int, max_len: int, options: dict[str, str]) -> Handler:
     handler = Handler()
+    # max_model_len sizes the KV buffers: SmolLM2's 8192 positions would make every decode step attend over them.
     props = {"model_id": str(model_dir.resolve()), "model_dir": str(model_dir), "rolling_batch": "scheduler",
-             "max_rolling_batch_size": str(concurrency), **options}
+             "max_rolling_batch_size": str(concurrency), "max_model_len": str(max_len), **options}
     assert handler.handle(init_input(props)) is None
     return handler
 
 
-def measure(args, prompts: dict[str, list[str]]) -> list[dict]:
+def measure(args, prompts: dict[str, list[str]], max_len: int) -> list[dict]:
     rows = []
     for technique, options in TECHNIQUES.items():
-        handler = load(args.model_dir, max(args.concurrency), options)
+        handler = load(args.model_dir, max(args.concurrency), max_len, options)
         memory = model_bytes(handler.backend.model)
         handler_run(handler, prompts["long"], 1, 1, 4)  # warm-up
         for workload, texts in prompts.items():
@@ -165,20 +166,22 @@ def main() -> None:
     parser.add_argument("--price-per-hour", type=float, default=1.006, help="instance $/h (default ml.g5.xlarge's, "
                                                                             "from lmi_tools/instances.py)")
     parser.add_argument("--discount", type=float, default=0.0, help="the source's (1 - discount) factor")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
+                        help="torch threads (on a busy shared machine 1 is steadier: spinning threads wait on each other)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
     if not (args.model_dir / "config.json").is_file():
         sys.exit(f"{args.model_dir} holds no model: write SmolLM2 there first (lmi model smollm2 {args.model_dir})")
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(args.threads)
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     prompts = workloads(tokenizer, max(args.concurrency) * 2, args.prompt_tokens)
-    lengths = [len(tokenizer(p).input_ids) for p in prompts["long"]]
+    lengths = [len(tokenizer(p).input_ids) for texts in prompts.values() for p in texts]
     print(f"{args.model_dir}: prompts {min(lengths)}-{max(lengths)} tokens, {args.new_tokens} new tokens, greedy "
           f"(ignore_eos), {torch.get_num_threads()} threads, ${args.price_per_hour}/h x (1 - {args.discount})",
           flush=True)
     began = time.perf_counter()
-    figures = {"speed": measure(args, prompts)}
+    figures = {"speed": measure(args, prompts, max(lengths) + args.new_tokens)}
     if not args.skip_quality:
         figures["quality"] = quality(args.model_dir, min(args.new_tokens, 48))
         q = figures["quality"]
