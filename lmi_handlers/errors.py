@@ -45,6 +45,12 @@ def invalid_field(field: str, value: Any, allowed: str) -> InvalidRequest:
     return InvalidRequest(f"{field}: {allowed}, got {shown}", field=field, value=value)
 
 
+class Cancelled(HandlerError):
+    """The client went away; nginx's 499 "client closed request" (nobody reads it, but every answer says why)."""
+
+    status = 499
+
+
 class BackendError(HandlerError):
     """The model failed while generating (LMI answers 424 for this)."""
 

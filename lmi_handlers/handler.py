@@ -50,7 +50,7 @@ class Handler:
     def handle(self, inputs: Any) -> Any:
         try:
             if not self.initialized:
-                self.initialize(inputs.get_properties())
+                self.initialize(_configuration(inputs))
             if inputs.is_empty():
                 return None
             if self.rolling is not None:
@@ -128,3 +128,13 @@ class Handler:
         if not self.initialized:
             message = f"model failed to load: {message}"
         return djl.new_output().error(message, code=code, message=reason_phrase(code))
+
+
+def _configuration(inputs: Any) -> dict[str, Any]:
+    """The properties to load from. DJLServing's init call carries only the model's; a harness that skips it
+    (djl_python's ``TestHandler``) loads from the first request, whose batch layout is no configuration:
+    its ``batch_size`` would read as dynamic batching (and be refused with rolling batch)."""
+    properties = inputs.get_properties()
+    if inputs.is_empty():
+        return properties
+    return {key: value for key, value in properties.items() if not key.startswith("batch_")}

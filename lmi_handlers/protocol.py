@@ -1,65 +1,86 @@
 """Stand-ins for ``djl_python``'s ``Input``, ``Output`` and ``PairList``.
 
-Inside an LMI container the real classes are used (see ``djl.py``). Everywhere else - tests,
-``lmi serve`` workers, laptops - these implement the same public behaviour, following
-``reference/djl-contract.md`` sections 1.10, 2 and 3:
+Inside an LMI container the real classes are used (see ``djl.py``); ``lmi serve`` workers also offer
+these under the name ``djl_python`` so that a custom ``model.py`` runs unchanged. They follow
+``djl_python`` method by method (``docs/djl-compat.md`` lists each method, DJL v0.29.0 and the current
+release against ours, and the test that pins it). Where the two releases differ they follow v0.29.0,
+the LMI release the project targets. The few deliberate differences are listed there too: our
+constructors also take properties/content, and ``PairList``'s ``pair_list``/``pair_map``/``add_all``
+work where DJL's raise.
 
-* ``Input.get_batches()`` splits a batched Input by fixed positions (``batch_NNN.`` or ``batch_NNN_``);
-* ``Input.get_property`` is case-insensitive, ``get_as_bytes()`` prefers the ``data`` item;
-* ``Output.add(..., batch_index=i)`` keys items ``batch_<i>.<key>``; ``Output.binary_encode``
-  is the rolling-batch item encoding; ``add_stream_content`` marks a streamed response.
-
-DJL's socket wire codec is the server's business and lives with it (``lmi_tools.serving.worker.codec``);
-only the rolling-batch item encoding (``Output.binary_encode``) runs in the container.
+The numpy helpers import numpy (and ``get_as_image`` PIL) when called: this module imports only
+the standard library. DJL's socket wire codec is the server's business and lives with it
+(``lmi_tools.serving.worker.codec``); only the rolling-batch item encoding (``Output.binary_encode``)
+runs in the container.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import struct
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any, Callable, Iterator
 
-logger = logging.getLogger(__name__)
+from . import ndlist
 
 
 class PairList:
-    """An ordered list of (key, value) pairs; keys may repeat or be None."""
+    """An ordered list of (key, value) pairs; keys may repeat or be None, ``add`` drops None values."""
 
-    def __init__(self, pairs: Iterable[tuple[str | None, Any]] = ()):
-        self._keys: list[str | None] = []
-        self._values: list[Any] = []
-        for key, value in pairs:
-            self.add(key, value)
+    def __init__(self, keys: list | None = None, values: list | None = None,
+                 pair_list: list | None = None, pair_map: dict | None = None):
+        self.keys: list = []
+        self.values: list = []
+        if keys and values:
+            if len(keys) != len(values):
+                raise ValueError("key value size mismatch.")
+            self.keys, self.values = keys, values
+        elif pair_list:
+            for key, value in pair_list:
+                self.keys.append(key)
+                self.values.append(value)
+        elif pair_map:
+            self.keys, self.values = list(pair_map), list(pair_map.values())
 
-    def add(self, key: str | None = None, value: Any = None) -> None:
-        self._keys.append(key)
-        self._values.append(value)
+    def add(self, key: Any = None, value: Any = None, index: int | None = None,
+            pair: tuple | None = None) -> None:
+        if index is not None and value is not None:
+            self.keys.insert(index, key)
+            self.values.insert(index, value)
+        elif pair:
+            self.keys.append(pair[0])
+            self.values.append(pair[1])
+        elif value is not None:  # like djl_python: a None value is not added
+            self.keys.append(key)
+            self.values.append(value)
 
-    def get(self, key: str) -> Any:
-        """The value of the first pair with exactly this key, or None."""
-        for k, v in zip(self._keys, self._values):
-            if k == key:
-                return v
-        return None
-
-    def key_at(self, index: int) -> str | None:
-        return self._keys[index]
-
-    def value_at(self, index: int) -> Any:
-        return self._values[index]
+    def add_all(self, other: "PairList | None") -> None:
+        if other:
+            self.keys.extend(other.get_keys())
+            self.values.extend(other.get_values())
 
     def size(self) -> int:
-        return len(self._keys)
+        return len(self.keys)
 
     def is_empty(self) -> bool:
-        return not self._keys
+        return self.size() == 0
 
-    def get_keys(self) -> list[str | None]:
-        return list(self._keys)
+    def get(self, key: Any) -> Any:
+        """The value of the first pair with exactly this key, or None."""
+        return self.values[self.keys.index(key)] if key in self.keys else None
 
-    def get_values(self) -> list[Any]:
-        return list(self._values)
+    def key_at(self, index: int) -> Any:
+        return self.keys[index]
+
+    def value_at(self, index: int) -> Any:
+        return self.values[index]
+
+    def get_keys(self) -> list:
+        return self.keys
+
+    def get_values(self) -> list:
+        return self.values
 
 
 class Input:
@@ -71,26 +92,10 @@ class Input:
         self.content = content if content is not None else PairList()
 
     def __str__(self) -> str:
-        return f"Input(properties={self.properties!r}, content keys={self.content.get_keys()!r})"
-
-    def get_properties(self) -> dict[str, Any]:
-        return self.properties
-
-    def get_property(self, key: str) -> Any:
-        wanted = key.lower()
-        return next((v for k, v in self.properties.items() if k.lower() == wanted), None)
-
-    def get_content(self) -> PairList:
-        return self.content
-
-    def get_function_name(self) -> str | None:
-        return self.function_name
-
-    def contains_key(self, key: str) -> bool:
-        return self.content.get(key) is not None
-
-    def is_empty(self) -> bool:
-        return self.content.is_empty()
+        text = f"properties: {self.get_properties()}"
+        for key in self.get_content().get_keys():
+            text += f"\n{key}: {self.get_data(key)}"
+        return text
 
     def is_batch(self) -> bool:
         return "batch_size" in self.properties
@@ -102,16 +107,50 @@ class Input:
         if not self.is_batch():
             return [self]
         batch = [Input() for _ in range(self.get_batch_size())]
-        # Fixed-position parsing, exactly like djl_python: "batch_" + 3 digits + one separator.
+        # Fixed positions, exactly like djl_python: "batch_" + 3 digits + one separator ("." or "_").
         for key, value in self.properties.items():
             if key.startswith("batch_") and key != "batch_size":
                 batch[int(key[6:9])].properties[key[10:]] = value
         for i in range(self.content.size()):
-            key = self.content.key_at(i) or ""
+            key = self.content.key_at(i)
             batch[int(key[6:9])].content.add(key[10:], self.content.value_at(i))
         return batch
 
+    def get_function_name(self) -> str | None:
+        return self.function_name
+
+    def get_properties(self) -> dict[str, Any]:
+        return self.properties
+
+    def get_content(self) -> PairList:
+        return self.content
+
+    def get_property(self, key: str) -> Any:
+        """Case-insensitive, like HTTP headers."""
+        wanted = key.lower()
+        return next((v for k, v in self.properties.items() if k.lower() == wanted), None)
+
+    def contains_key(self, key: str) -> bool:
+        return self.content.get(key) is not None
+
+    def get_data(self, key: str | None = None) -> Any:
+        content_type = self.get_property("content-type")
+        if content_type == "tensor/ndlist":
+            return self.get_as_numpy(key)
+        if content_type == "tensor/npz":
+            return self.get_as_npz(key)
+        if content_type is not None and content_type.startswith("application/json"):
+            return self.get_as_json(key)
+        if content_type is not None and content_type.startswith("text/"):
+            return self.get_as_string(key)
+        if content_type is not None and content_type.startswith("image/"):
+            return self.get_as_image(key)
+        if self.content.is_empty():
+            return None
+        return self.get_as_bytes(key=key)
+
     def get_as_bytes(self, key: str | None = None) -> Any:
+        """The item ``key`` (KeyError if missing); without a key ``data`` or else the first item."""
         if self.content.is_empty():
             return None
         if key:
@@ -123,24 +162,54 @@ class Input:
         return self.content.value_at(0) if value is None else value
 
     def get_as_string(self, key: str | None = None) -> str:
-        return bytes(self.get_as_bytes(key=key)).decode("utf-8")
+        # No content: AttributeError on None, as in djl_python.
+        return self.get_as_bytes(key=key).decode("utf-8")
 
     def get_as_json(self, key: str | None = None) -> Any:
         return json.loads(self.get_as_string(key=key))
 
-    def get_data(self, key: str | None = None) -> Any:
-        content_type = self.get_property("content-type") or ""
-        if content_type.startswith("application/json"):
-            return self.get_as_json(key)
-        if content_type.startswith("text/"):
-            return self.get_as_string(key)
-        if self.content.is_empty():
-            return None
-        return self.get_as_bytes(key)
+    def get_as_image(self, key: str | None = None) -> Any:
+        from PIL import Image
+
+        return Image.open(io.BytesIO(self.get_as_bytes(key=key)))
+
+    def get_as_numpy(self, key: str | None = None) -> list:
+        return ndlist.decode(self.get_as_bytes(key=key))
+
+    def get_as_npz(self, key: str | None = None) -> list:
+        import numpy
+
+        archive = numpy.load(io.BytesIO(self.get_as_bytes(key=key)))
+        return [archive[name] for name in archive.files]
+
+    def get_as_csv(self, key: str | None = None) -> list:
+        import csv
+
+        return list(csv.DictReader(io.StringIO(self.get_as_string(key=key))))
+
+    def is_empty(self) -> bool:
+        return self.content.is_empty()
 
 
-def _default_stream_formatter(value: Any) -> bytes:
-    return (json.dumps({"outputs": value}, ensure_ascii=False) + "\n").encode("utf-8")
+class _JSONEncoder(json.JSONEncoder):
+    """djl_python's encoder: datetimes as ``str``, numpy scalars and arrays as Python values."""
+
+    def default(self, o: Any) -> Any:
+        import datetime
+
+        if isinstance(o, datetime.datetime):
+            return str(o)
+        try:
+            import numpy as np
+        except ImportError:
+            return super().default(o)
+        if isinstance(o, np.integer):
+            return int(o)
+        if isinstance(o, np.floating):
+            return float(o)
+        if isinstance(o, np.ndarray):
+            return o.tolist()
+        return super().default(o)
 
 
 class Output:
@@ -152,14 +221,15 @@ class Output:
         self.properties: dict[str, Any] = {}
         self.content = PairList()
         self.stream_content: Iterator[Any] | None = None
-        self.stream_content_formatter: Callable[[Any], Any] | None = None
-        self._finalizers: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
+        self.stream_output_formatter: Callable[[Any], Any] | None = None
+        self.finalize_function: Callable[..., Any] | None = None
+        self.finalize_args: tuple[Any, ...] | None = None
 
     def __str__(self) -> str:
-        kinds = {str(self.content.key_at(i)): type(self.content.value_at(i)).__name__
+        kinds = {self.content.key_at(i): f"type: {type(self.content.value_at(i))}"
                  for i in range(self.content.size())}
-        return json.dumps({"code": self.code, "message": self.message,
-                           "properties": self.properties, "content": kinds}, indent=2)
+        return json.dumps({"code": self.code, "message": self.message, "properties": self.properties,
+                           "content": kinds}, indent=2)
 
     def set_code(self, code: int) -> "Output":
         self.code = code
@@ -169,12 +239,12 @@ class Output:
         self.message = message
         return self
 
-    def error(self, error: str, code: int = 424, message: str = "invoke handler failure") -> "Output":
+    def error(self, error: str, code: int = 424, message: str = "prediction failure") -> "Output":
+        # v0.29.0's default message; DJL 0.35.0+ says "invoke handler failure".
         self.code = code
         self.message = message
         self.add_property("content-type", "application/json")
-        self.add_as_json({"code": code, "message": message, "error": error})
-        return self
+        return self.add_as_json({"code": code, "message": message, "error": error})
 
     def add_property(self, key: str, val: Any) -> "Output":
         self.properties[key] = val
@@ -186,50 +256,77 @@ class Output:
     def get_property(self, key: str) -> Any:
         return self.properties.get(key)
 
-    def add(self, value: Any, key: str | None = None, batch_index: int | None = None) -> "Output":
-        if key is not None and not isinstance(key, str):
-            logger.warning("Output key should be str type, got %s", type(key))
+    def add(self, value: Any, key: Any = None, batch_index: int | None = None) -> "Output":
+        """``str`` as UTF-8, ``bytes``/``bytearray`` as they are, anything else as JSON (exact types:
+        a ``str`` subclass is JSON-encoded, as in djl_python)."""
+        if key is not None and type(key) is not str:
+            logging.warning("Output key should be str type, got %s", type(key))
             key = str(key)
         if batch_index is not None:
-            key = f"batch_{batch_index}.{key or ''}"
-        if isinstance(value, str):
-            self.content.add(key, value.encode("utf-8"))
-        elif isinstance(value, (bytes, bytearray)):
-            self.content.add(key, bytes(value))
+            key = f"batch_{batch_index}.{'' if key is None else key}"
+        if type(value) is str:
+            self.content.add(key=key, value=value.encode("utf-8"))
+        elif type(value) is bytearray:
+            self.content.add(key=key, value=value)
+        elif type(value) is bytes:
+            self.content.add(key=key, value=bytearray(value))
         else:
-            self.add_as_json(value, key=key)
+            self.content.add(key=key, value=self._encode_json(value))
         return self
 
-    def add_as_json(self, val: Any, key: str | None = None, batch_index: int | None = None) -> "Output":
-        if batch_index is not None:
-            key = f"batch_{batch_index}.{key or ''}"
-        body = json.dumps(val, ensure_ascii=False, allow_nan=False, indent=2, separators=(",", ":"))
-        self.content.add(key, body.encode("utf-8"))
-        return self
+    def add_as_numpy(self, np_list: Any, key: Any = None, batch_index: int | None = None) -> "Output":
+        return self.add(ndlist.encode(np_list), key=key, batch_index=batch_index)
+
+    def add_as_npz(self, np_list: list, key: Any = None, batch_index: int | None = None) -> "Output":
+        import numpy
+
+        buffer = io.BytesIO()
+        numpy.savez(buffer, *np_list)
+        return self.add(buffer.getvalue(), key=key, batch_index=batch_index)
+
+    def add_as_json(self, val: Any, key: Any = None, batch_index: int | None = None) -> "Output":
+        return self.add(self._encode_json(val), key=key, batch_index=batch_index)
+
+    def _default_stream_output_formatter(token_texts: Any) -> bytearray:  # type: ignore[misc]
+        # A plain function in the class body, as in djl_python (the default of add_stream_content).
+        return bytearray((json.dumps({"outputs": token_texts}) + "\n").encode("utf-8"))
 
     def add_stream_content(self, stream_content: Iterator[Any],
-                           output_formatter: Callable[[Any], Any] | None = _default_stream_formatter
+                           output_formatter: Callable[[Any], Any] | None = _default_stream_output_formatter
                            ) -> "Output":
         self.stream_content = stream_content
-        self.stream_content_formatter = output_formatter
+        self.stream_output_formatter = output_formatter
         return self
-
-    def finalize(self, function: Callable[..., Any], *args: Any) -> "Output":
-        self._finalizers.append((function, args))
-        return self
-
-    def execute_finalize(self) -> None:
-        for function, args in self._finalizers:
-            function(*args)
 
     @staticmethod
-    def binary_encode(value: dict[str, Any]) -> bytes:
+    def _encode_json(val: Any) -> bytearray:
+        """Pretty JSON (indent 2, no spaces after ':'), UTF-8 kept, NaN refused."""
+        return bytearray(json.dumps(val, ensure_ascii=False, allow_nan=False, indent=2, cls=_JSONEncoder,
+                                    separators=(",", ":")).encode("utf-8"))
+
+    @staticmethod
+    def binary_encode(data: dict[str, Any]) -> bytes:
         """The per-request item encoding of rolling batch: int16 count, then key/str(value) pairs."""
-        buf = bytearray(struct.pack(">h", len(value)))
-        for key, item in value.items():
+        buf = bytearray(struct.pack(">h", len(data)))
+        for key, item in data.items():
             write_string(buf, key)
             write_string(buf, str(item))
         return bytes(buf)
+
+    @staticmethod
+    def write_utf8(msg: bytearray, val: str | None) -> None:
+        write_string(msg, val)
+
+    def finalize(self, finalize_function: Callable[..., Any], *args: Any) -> "Output":
+        """One function (a later call replaces it) run after the answer was sent."""
+        self.finalize_function = finalize_function
+        self.finalize_args = args
+        return self
+
+    def execute_finalize(self) -> Any:
+        if self.finalize_function:
+            return self.finalize_function(*(self.finalize_args or ()))
+        return None
 
 
 def write_string(buf: bytearray, value: str | None) -> None:

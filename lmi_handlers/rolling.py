@@ -23,14 +23,13 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from . import djl
-from .errors import BackendError
+from .errors import BackendError, Cancelled
 from .events import Event
 from .job import Job
 
 logger = logging.getLogger(__name__)
 
 CANCEL_PROPERTY = "lmi_cancel"
-CANCELLED = 499  # nginx's "client closed request": nobody reads it, but the last item always says why
 #: How long an idle step waits for a request being tokenized before answering "nothing yet".
 IDLE_WAIT = 0.05
 #: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
@@ -59,7 +58,7 @@ class _Entry:
 
     def item(self, events: dict[int, list[Event]]) -> dict[str, Any]:
         if self.cancelled:
-            return {"data": "", "last": True, "code": CANCELLED, "error": "request cancelled: the client went away"}
+            return {"data": "", "last": True, "code": Cancelled.status, "error": "request cancelled: the client went away"}
         if self.job is None:
             return {"data": "", "last": False}  # still being tokenized; Java skips empty data
         data = self.job.take(events)

@@ -4,6 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# The chat page's browser tests drive Debian's Chromium (no browser download): install it where we may.
+if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "installing chromium for the browser tests (apt output in .venv/apt.log)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > .venv/apt.log 2>&1 ||
+    echo "chromium could not be installed (see .venv/apt.log): the browser tests will be skipped"
+fi
 .venv/bin/python -m pytest -q "$@"
 
 COMPAT=${COMPAT_VENV:-.venv-compat}

@@ -27,13 +27,19 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
           model_url_pattern: str = typer.Option(None, help="Regular expression a directory's resolved path must "
                                                            "match for POST /models?url= to load it (default: loading "
                                                            "by URL is refused)"),
-          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python is installed), "
-                                                  "lmi (ours) or djl"),
+          engine: str = typer.Option("auto", help="Worker: auto (DJL's engine where djl_python and its "
+                                                  "djl_python_engine.py are found, else ours; the log says which), "
+                                                  "lmi (ours) or djl (DJL's, else the load fails saying what is "
+                                                  "missing)"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
           read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
                                                         "before answering 408"),
           max_header_bytes: int = typer.Option(16 * 1024, help="Largest size of a request's headers in bytes "
                                                                "(431 above it)"),
+          one_at_a_time: bool = typer.Option(False, "--one-at-a-time", help="Load only the first model; the chat "
+                                                                             "page's Activate loads another and "
+                                                                             "unloads the current one (one "
+                                                                             "accelerator's memory)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
@@ -68,13 +74,14 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     management_port = port + 1 if management_port is None else management_port
     _warn_exposed(host, management_host, model_url_pattern)
     store = ModelStore(config)
-    for spec in models:
+    store.one_at_a_time = one_at_a_time
+    for i, spec in enumerate(models):
         path = Path(model_path_for(spec))
         if not path.is_dir():
             raise UsageError(f"model directory {path} does not exist",
                              hint="give a directory with serving.properties (lmi new / lmi render make one)")
         try:
-            store.register(model_name_for(spec), str(path))
+            store.offer(model_name_for(spec), str(path), load=i == 0 or not one_at_a_time)
         except ValueError as exc:
             store.close()
             raise UsageError(str(exc)) from None
@@ -84,7 +91,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         listeners = [(create_app(store, INFERENCE), host, port),
                      (create_app(store, MANAGEMENT, owns_store=False), management_host, management_port)]
     typer.echo(f"lmi serve: http://{host}:{port}  management: http://{management_host}:{management_port}  "
-               f"models: {', '.join(store.models)}  (GET /ping until 200)")
+               f"models: {', '.join(store.catalog)}  (GET /ping until 200; chat page: http://{host}:{port}/)")
     run(listeners, log_level)
 
 

@@ -18,25 +18,36 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 
-from .routes import inference, management, sagemaker_runtime
+from .metrics import Metrics
+from .routes import inference, management, metrics, openai, page, sagemaker_runtime, tgi
 from .routes.relay import HttpError, djl_error
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
-INFERENCE = (inference.router, sagemaker_runtime.router)
+INFERENCE = (inference.router, openai.router, tgi.router, sagemaker_runtime.router, metrics.router, page.router)
 MANAGEMENT = (management.router,)
 #: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
 MAX_BUFFERED_HEAD = 1024 * 1024
 
 
-async def _on_http_error(_: Request, exc: HttpError) -> JSONResponse:
+async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
+    """Each API's clients read errors in its own shape: OpenAI's, TGI's, else DJL's."""
+    path = request.url.path
+    if path.startswith(openai.PREFIX):
+        return openai.error(exc.code, exc.message)
+    if path in tgi.PATHS and request.method == "POST":
+        return tgi.error(exc.code, exc.message)
     return djl_error(exc.code, exc.kind, exc.message)
 
 
 async def _log_request(request: Request, call_next):
     began = time.perf_counter()
     response = await call_next(request)
-    model = request.path_params.get("model_name") or request.path_params.get("name") or "-"
+    model = (getattr(request.state, "model", None) or request.path_params.get("model_name")
+             or request.path_params.get("name") or "-")
+    route = request.scope.get("route")
+    request.app.state.metrics.requests.labels(model, getattr(route, "path", "unmatched"),
+                                              str(response.status_code)).inc()
     access_log.info("%s %s model=%s status=%d latency=%.1fms", request.method, request.url.path, model,
                     response.status_code, (time.perf_counter() - began) * 1000)
     return response
@@ -71,6 +82,7 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
     app = FastAPI(title="lmi serve", description="A local DJLServing-compatible server for lmi_handlers models.",
                   lifespan=lifespan)
     app.state.store = store
+    app.state.metrics = Metrics(store)
     app.add_exception_handler(HttpError, _on_http_error)
     app.middleware("http")(_log_request)
     app.add_middleware(HeaderLimit, limit=store.server.max_header_bytes)

@@ -25,8 +25,9 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
+from lmi_handlers.errors import Cancelled
 from lmi_handlers.protocol import Input
 
 from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
@@ -73,10 +74,14 @@ class PendingRequest:
         self.started = False
         self.cancelled = False  # the client went away
         self.enqueued_at = time.monotonic()
+        #: Called (on the dispatcher thread) with each event as it is emitted: the metrics' timer.
+        self.on_event: Callable[[Start | Chunk | End], None] | None = None
 
     def emit(self, event: Start | Chunk | End) -> None:
         if isinstance(event, Start):
             self.started = True
+        if self.on_event is not None:
+            self.on_event(event)
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
 
     def answer(self, code: int, headers: dict[str, str], body: bytes) -> None:
@@ -200,7 +205,7 @@ class ServedModel:
         except queue.Empty:
             return None
         if job.cancelled:
-            job.answer(499, dict(JSON), b"")
+            job.answer(Cancelled.status, dict(JSON), b"")
             return None
         return job
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Mapping
 from lmi_handlers.config import ConfigError, is_rolling, parse_float, parse_int
 
 from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
-from .dispatcher import ModelSettings, ServedModel
+from .dispatcher import ModelSettings, ServedModel, Status
 from .worker.client import WorkerSettings
 
 
@@ -125,7 +125,38 @@ class ModelStore:
     def __init__(self, server: ServerConfig):
         self.server = server
         self.models: dict[str, ServedModel] = {}
+        #: The model directories the operator named at start (name -> directory): the chat page may switch
+        #: among these only, never load a directory it names itself.
+        self.catalog: dict[str, str] = {}
+        #: One model loaded at a time (one accelerator's memory): activating one unloads the others.
+        self.one_at_a_time = False
         self._lock = threading.Lock()
+        self._switching = threading.Lock()
+
+    def offer(self, name: str, url: str, load: bool = True) -> None:
+        """Add an operator's model to the catalog, and load it unless ``load`` is False."""
+        self.catalog[name] = url
+        if load:
+            self.register(name, url)
+
+    def activate(self, name: str) -> ServedModel:
+        """Load a catalog model (again, if it failed); with ``one_at_a_time``, unload the others first."""
+        url = self.catalog[name]
+        with self._switching:
+            model = self.models.get(name)
+            if model is not None and model.status is not Status.FAILED:
+                return model
+            if model is not None:
+                self.unregister(name)
+            if self.one_at_a_time:
+                for other in [n for n in self.models if n != name]:
+                    self.unregister(other)
+            return self.register(name, url)
+
+    def statuses(self) -> dict[str, str]:
+        """Every catalog and loaded model: READY, PENDING, FAILED, or UNLOADED for a catalog model not loaded."""
+        names = list(self.catalog) + [n for n in self.models if n not in self.catalog]
+        return {n: self.models[n].status.value if n in self.models else "UNLOADED" for n in names}
 
     def register(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
         model_dir = Path(url.removeprefix("file://")).expanduser()

@@ -97,3 +97,13 @@ def test_one_rule_for_rolling_batch(tmp_path, value, rolling):
     assert is_rolling(value) is rolling
     props = {"model_dir": str(tmp_path)} if value is None else {"model_dir": str(tmp_path), "rolling_batch": value}
     assert HandlerConfig.from_properties(props).rolling is rolling  # the handler reads it the same way
+
+
+def test_request_limits_come_from_options(tmp_path):
+    config = HandlerConfig.from_properties({"model_dir": str(tmp_path), "max_prompt_chars": "500",
+                                            "max_prompts_per_request": "4"})
+    assert (config.limits.max_prompt_chars, config.limits.max_prompts_per_request) == (500, 4)
+    assert HandlerConfig.from_properties({"model_dir": str(tmp_path)}).limits.max_prompts_per_request == 64
+    with pytest.raises(ConfigError, match="max_prompts_per_request='0'"):
+        HandlerConfig.from_properties({"model_dir": str(tmp_path), "max_prompts_per_request": "0"})
+    assert check_unknown_keys({"max_prompt_chars": "5", "max_prompts_per_request": "2"}) == []

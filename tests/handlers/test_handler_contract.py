@@ -62,6 +62,20 @@ def test_djl_test_harness_style_first_call_with_merged_properties(tmp_path):
     entrypoint._service.initialized = False
 
 
+def test_djl_test_harness_style_rolling_batch_without_an_init_call(tmp_path):
+    # TestHandler.inference_rolling_batch sends the step layout (batch_size=2, batch_NNN_data) as the first call.
+    handler = Handler()
+    steps = RollingBatchLoop(max_size=4)
+    for name, tokens in (("a", 3), ("b", 2)):
+        steps.add(RollingRequest(request_input(JSON, body(inputs=name, parameters={"max_new_tokens": tokens})),
+                                 seed=1, key=name))
+    first = steps.next_input()
+    first.properties.update({"backend": "scripted", "model_dir": str(tmp_path), "rolling_batch": "auto"})
+    out = handler.handle(first)
+    assert out.code == 200 and out.content.size() == 2 and handler.rolling is not None
+    assert handler.config.properties.get("batch_size") is None
+
+
 def test_accept_header_selects_sse_streaming(tmp_path):
     handler = loaded(tmp_path)
     out = handler.handle(request_input(JSON + [("Accept", "text/event-stream")],

@@ -90,7 +90,9 @@ def test_legacy_inf2_schema():
     ({"inputs": "x", "parameters": {"stop": [""]}}, "parameters.stop", "non-empty strings"),
     ({"inputs": "x", "parameters": {"stop": ["a"] * 17}}, "parameters.stop", "at most 16"),
     ({"inputs": "x", "stream": "true"}, "stream", "true or false"),
-    ({"inputs": ["a", "b"], "stream": True}, "stream", "single prompt"),
+    ({"inputs": ["a", "b"], "stream": True}, "inputs", "must be one string"),
+    # DJL's integration client (test_handler) sends a list of one prompt with "stream": true
+    ({"inputs": ["a"], "stream": True}, "inputs", "got 'a list of 1 prompt'"),
     ({"messages": []}, "messages", "non-empty list"),
     ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", "allowed roles"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]",

@@ -5,9 +5,11 @@ import json
 import re
 import threading
 
-from lmi_tools.serving.worker.frontend import request_input
+import pytest
 
-from .test_handler_contract import JSON, JavaLoop, loaded
+from lmi_tools.serving.worker.frontend import batch_input, request_input
+
+from .test_handler_contract import JSON, JavaLoop, content, loaded
 
 GOOD = {"a": {"inputs": "a", "parameters": {"max_new_tokens": 6}},
         "s": {"inputs": "b", "stream": True, "parameters": {"max_new_tokens": 5}},
@@ -115,3 +117,16 @@ def test_a_long_prompt_is_tokenized_while_the_others_step(tmp_path):
     while loop.active:
         loop.step()
     assert json.loads(loop.bodies["long"]) == {"generated_text": " T"}
+
+
+@pytest.mark.parametrize("name", ["surrogate", "digits", "deep"])
+def test_the_issues_three_inputs_are_400s_in_every_mode(tmp_path, name):
+    """Issue 12 #1: each used to be a 424 for its whole batch; now a 400 naming what is wrong, in every mode."""
+    raw = MALFORMED[name]
+    single = loaded(tmp_path).handle(request_input(JSON, raw))
+    assert single.code == 400, content(single)
+    handler = loaded(tmp_path, batch_size=3)
+    good = request_input(JSON, json.dumps(GOOD["a"]).encode())
+    out = handler.handle(batch_input([good, request_input(JSON, raw), good]))
+    assert out.code == 200 and json.loads(content(out, 1))["code"] == 400
+    assert content(out, 0) == content(out, 2) == content(handler.handle(good))

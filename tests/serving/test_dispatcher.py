@@ -88,7 +88,7 @@ class InProcessWorker(ScriptedWorker):
 
 
 def header(items: list[tuple[str, bytes]], code: int = 200) -> OutputHeader:
-    return OutputHeader(code, "OK", {"content-type": "application/json"}, PairList(items))
+    return OutputHeader(code, "OK", {"content-type": "application/json"}, PairList(pair_list=items))
 
 
 def served(worker: ScriptedWorker, tmp_path: Path, **settings: object) -> ServedModel:
@@ -164,6 +164,33 @@ def test_a_lone_request_is_sent_unwrapped_once_the_delay_is_spent(tmp_path):
         model.stop()
     [single] = worker.inputs
     assert "batch_size" not in single.properties and single.get_as_json()["inputs"] == "x"
+
+
+def test_a_bad_request_inside_a_batch_gets_200_and_its_error_body_but_alone_its_400(tmp_path):
+    """Java's PyPredictor.batchPredict has no per-item status: every request of a batch of two or more
+    gets the batch Output's code; a batch of one is sent unwrapped and keeps the handler's code."""
+    worker = InProcessWorker(tmp_path, batch_size=2)
+    model = served(worker, tmp_path, batch_size=2, max_batch_delay_ms=5000)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        good, bad = request(loop, inputs="x", parameters={"max_new_tokens": 2}), request(loop, inputs="")
+        for p in (good, bad):
+            model.submit(p)
+        model.start()
+        assert (await answer_of(good))[:2] == (200, b'{"generated_text":" T"}')
+        code, body, _ = await answer_of(bad)
+        assert code == 200 and json.loads(body)["code"] == 400 and "inputs" in json.loads(body)["error"]
+        alone = request(loop, inputs="")
+        model.submit(alone)
+        code, body, _ = await answer_of(alone)
+        assert code == 400 and json.loads(body)["code"] == 400
+
+    try:
+        run(scenario)
+    finally:
+        model.stop()
+    assert [i.properties.get("batch_size") for i in worker.inputs] == ["2", None]
 
 
 def test_a_batch_answer_with_the_wrong_item_count_fails_every_request_in_it(tmp_path):

@@ -11,11 +11,12 @@ from lmi_tools.serving.worker.codec import (StreamBroken, encode_input, iter_out
 
 def test_input_wire_round_trip():
     original = Input({"Content-Type": "application/json", "handler": "handle"},
-                     PairList([("data", b'{"inputs": "hi"}'), ("extra", b"\x00\x01")]))
+                     PairList(pair_list=[("data", b'{"inputs": "hi"}'), ("extra", b"\x00\x01")]))
     decoded = read_input(io.BytesIO(encode_input(original)))
     assert decoded.get_properties() == original.get_properties()
     assert decoded.get_content().get_keys() == ["data", "extra"]
     assert decoded.get_as_bytes("extra") == b"\x00\x01"
+    assert type(decoded.get_as_bytes()) is bytearray  # what djl_python's Input.read hands a handler
     assert decoded.get_function_name() == "handle"
 
 

@@ -1,5 +1,5 @@
 """DJLServing's inference API: ``GET /ping``, ``POST /predictions/{model}[/{version}]``,
-``POST /models/{model}/invoke``, ``POST /invocations`` and ``POST /v1/chat/completions``."""
+``POST /models/{model}/invoke`` and ``POST /invocations`` (OpenAI's and TGI's routes: ``openai.py``, ``tgi.py``)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ async def predictions(request: Request, store: Store, model_name: str) -> Respon
 
 
 @router.post("/invocations", openapi_extra=RAW_BODY)
-@router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
 async def invocations(request: Request, store: Store) -> Response:
     name = request.query_params.get("model_name") or request.headers.get("model_name")
     if name is None:

@@ -13,7 +13,7 @@ from typing import Annotated, AsyncIterator
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from lmi_handlers.rolling import CANCELLED
+from lmi_handlers.errors import Cancelled
 
 from ..dispatcher import Chunk, End, PendingRequest, QueueFull, ServedModel, Start, Status
 from ..store import ModelStore
@@ -53,17 +53,42 @@ def named(store: ModelStore, name: str, ready: bool = True) -> ServedModel:
     return model
 
 
-async def submit(request: Request, store: ModelStore, model: ServedModel, sagemaker: bool = False) -> PendingRequest:
-    body = await _read_body(request, store.server.max_request_size, store.server.read_timeout)
+def chosen(store: ModelStore, name: str | None, how: str) -> ServedModel:
+    """The model ``name`` names, or the only one served; ``how`` tells the client how to name one."""
+    if name is None:
+        if len(store.models) != 1:
+            served = ", ".join(store.models) or "none"
+            raise HttpError(400, "BadRequestException", f"{how} is required: this server has several models "
+                                                        f"({served})")
+        name = next(iter(store.models))
+    return named(store, name)
+
+
+async def read_body(request: Request, store: ModelStore) -> bytes:
+    return await _read_body(request, store.server.max_request_size, store.server.read_timeout)
+
+
+async def submit(request: Request, store: ModelStore, model: ServedModel, sagemaker: bool = False,
+                 body: bytes | None = None, accept: str | None = None) -> PendingRequest:
+    """Queue the request on ``model``; ``body`` and ``accept`` replace the client's (a route that translates
+    another API's schema into LMI's sends its own)."""
     headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+    if body is None:
+        body = await read_body(request, store)
+    else:
+        headers = [(k, v) for k, v in headers if k.lower() not in ("content-type", "content-length")]
+        headers.append(("Content-Type", "application/json"))
     if any(k.lower() == "handler" for k, _ in headers) and os.environ.get(
             "ALLOW_REQUEST_HANDLER_OVERRIDE", "").lower() != "true":
         raise HttpError(400, "BadRequestException", "The handler can't be overridden in a request")
     if sagemaker:  # the streaming call sends Accept as X-Amzn-SageMaker-Accept
         accept = request.headers.get("x-amzn-sagemaker-accept")
+    if accept is not None or sagemaker:
         headers = [(k, v) for k, v in headers if k.lower() != "accept"] + ([("Accept", accept)] if accept else [])
     pending = PendingRequest(request_input(headers, body, list(request.query_params.multi_items())),
                              asyncio.get_running_loop())
+    request.state.model = model.name  # for the access log and the request counter
+    request.app.state.metrics.watch(pending, model.name)
     try:
         model.submit(pending)
     except QueueFull as exc:
@@ -126,7 +151,7 @@ async def answer(request: Request, pending: PendingRequest) -> Response:
     """A complete answer goes out with content-length; anything else streams as it arrives."""
     start = await started(request, pending)
     if start is None:
-        return Response(b"", CANCELLED)  # nobody reads it: the client is gone
+        return Response(b"", Cancelled.status)  # nobody reads it: the client is gone
     headers = _response_headers(pending, start)
     first = await pending.events.get()
     if isinstance(first, End):

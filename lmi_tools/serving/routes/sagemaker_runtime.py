@@ -13,7 +13,7 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
-from lmi_handlers.rolling import CANCELLED
+from lmi_handlers.errors import Cancelled
 
 from .. import eventstream
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel, Start, Status
@@ -89,7 +89,7 @@ async def _collect(pending: PendingRequest) -> bytes:
 async def sagemaker_answer(request: Request, pending: PendingRequest, endpoint: str) -> Response:
     start = await started(request, pending)
     if start is None:
-        return Response(b"", CANCELLED)
+        return Response(b"", Cancelled.status)
     body = await _collect(pending)
     if start.code >= 400:
         return _model_error(endpoint, start.code, body)
@@ -100,7 +100,7 @@ async def sagemaker_event_stream(request: Request, pending: PendingRequest, endp
                                  part_size: int) -> Response:
     start = await started(request, pending)
     if start is None:
-        return Response(b"", CANCELLED)
+        return Response(b"", Cancelled.status)
     if start.code >= 400:
         return _model_error(endpoint, start.code, await _collect(pending))
     headers = _sagemaker_headers(start)

@@ -6,18 +6,16 @@ every option as a property) under ``model_loading_timeout``. ``predict`` sends o
 the Output under ``predict_timeout``; a streamed Output is then read chunk by chunk, each within ``predict_timeout`` (or
 ``chunked_read_timeout`` where that is shorter). A worker that times out or dies is killed; the caller restarts it.
 
-Where ``djl_python`` is installed its own engine (``djl_python_engine``) can be the worker.
+Where ``djl_python`` is installed DJL's own engine can be the worker (``engines.py`` finds it).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import logging
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -29,6 +27,7 @@ from typing import Iterator
 import lmi_handlers
 from lmi_handlers.protocol import Input
 
+from . import engines
 from .codec import OutputHeader, StreamBroken, encode_input, read_output_header, read_stream_chunks
 from .frontend import init_input
 from .process import STARTED
@@ -53,27 +52,28 @@ class WorkerSettings:
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     chunked_read_timeout: float = 120.0
-    #: "auto": DJL's own engine where djl_python_engine is importable; "lmi": ours; "djl": DJL's.
+    #: "auto": DJL's own engine where it can run (engines.py), else ours; "lmi": ours; "djl": DJL's or an error.
     engine: str = "auto"
     env: dict[str, str] = field(default_factory=dict)
 
 
-def _engine_command(settings: WorkerSettings, sock: str) -> list[str]:
-    use_djl = settings.engine == "djl" or (
-        settings.engine == "auto" and importlib.util.find_spec("djl_python_engine") is not None)
-    module = "djl_python_engine" if use_djl else "lmi_tools.serving.worker.process"
-    return [sys.executable, "-m", module, "--sock-type", "unix", "--sock-name", sock, "--model-dir",
-            str(settings.model_dir), "--entry-point", settings.entry_point, "--device-id", "-1"]
+def _engine_command(choice: engines.EngineChoice, settings: WorkerSettings, sock: str) -> list[str]:
+    return [*choice.command, "--sock-type", "unix", "--sock-name", sock, "--model-dir", str(settings.model_dir),
+            "--entry-point", settings.entry_point, "--device-id", "-1"]
 
 
-def _environment(settings: WorkerSettings) -> dict[str, str]:
+def _environment(choice: engines.EngineChoice, settings: WorkerSettings) -> dict[str, str]:
     env = dict(os.environ)
     env.update(settings.env)
-    # DJL's order: the existing PYTHONPATH, then the model directory (so a vendored lmi_handlers wins);
-    # our checkout last, so that the runtime is importable even when not installed.
+    # DJL's order: the existing PYTHONPATH, DJL's engine directory, then the model directory (so a vendored
+    # lmi_handlers wins); our checkout after it, so that the runtime is importable even when not installed;
+    # the djl_python stand-ins last, only where no real djl_python is installed (engines.py).
     checkout = str(Path(lmi_handlers.__file__).resolve().parents[1])
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(parts + [str(settings.model_dir), checkout])
+    model = [str(settings.model_dir), checkout]
+    extra = list(choice.pythonpath)
+    parts += extra + model if choice.name == "djl" else model + extra
+    env["PYTHONPATH"] = os.pathsep.join(parts)
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
@@ -100,9 +100,14 @@ class Worker:
     def start(self) -> None:
         sock_path = os.path.join(self._dir, f"djl_sock.{int(time.time() * 1000) % 100000}")
         self._started.clear()
-        self.process = subprocess.Popen(_engine_command(self.settings, sock_path), stdout=subprocess.PIPE,
+        try:
+            choice = engines.choose(self.settings.engine)
+        except engines.EngineNotFound as exc:
+            raise LoadFailed(str(exc)) from None
+        logger.info("[%s] worker engine: %s", self.name, choice.why)
+        self.process = subprocess.Popen(_engine_command(choice, self.settings, sock_path), stdout=subprocess.PIPE,
                                         stderr=subprocess.STDOUT, text=True, cwd=self.settings.model_dir,
-                                        env=_environment(self.settings), start_new_session=True)
+                                        env=_environment(choice, self.settings), start_new_session=True)
         threading.Thread(target=self._forward_output, args=(self.process,), daemon=True).start()
         deadline = time.monotonic() + STARTUP_TIMEOUT
         while not self._started.wait(0.05):
@@ -185,20 +190,16 @@ class Worker:
             self.sock = None
 
     def kill(self) -> None:
-        self._disconnect()
+        """End the process, then close the socket. Java's ``stopPythonProcess`` disconnects and destroys the
+        process at once; ending it first means DJL's engine never sees the connection close (which it logs
+        as "Python engine process died" with a traceback)."""
         if self.process is not None and self.process.poll() is None:
             try:
                 os.killpg(self.process.pid, 9)
             except (ProcessLookupError, PermissionError):
                 self.process.kill()
             self.process.wait()
+        self._disconnect()
 
     def stop(self) -> None:
-        """Close the connection (the worker exits on EOF) and make sure the process is gone."""
-        self._disconnect()
-        if self.process is not None:
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
         self.kill()

@@ -11,7 +11,6 @@ worker process imports this module.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import struct
 from typing import Any, BinaryIO, Iterator
@@ -69,17 +68,18 @@ def read_input(stream: BinaryIO) -> Input:
         inputs.properties[key] = _read_string(stream)
     for _ in range(_read_short(stream)):
         key = _read_string(stream)
-        inputs.content.add(key, _read_exact(stream, _read_int(stream)))
+        inputs.content.add(key, bytearray(_read_exact(stream, _read_int(stream))))  # as djl_python reads it
     inputs.function_name = inputs.properties.get("handler")
     return inputs
 
 
 def _stream_chunk_bytes(value: Any) -> bytes:
-    if isinstance(value, str):
+    # The engine's rule (djl_python Output.send): exact str as UTF-8, bytes as they are, else its pretty JSON.
+    if type(value) is str:
         return value.encode("utf-8")
-    if isinstance(value, (bytes, bytearray)):
+    if type(value) in (bytes, bytearray):
         return bytes(value)
-    return json.dumps(value, ensure_ascii=False).encode("utf-8")
+    return bytes(Output._encode_json(value))
 
 
 def iter_output_frames(output: Output) -> Iterator[bytes]:
@@ -102,7 +102,7 @@ def iter_output_frames(output: Output) -> Iterator[bytes]:
         return
     head += struct.pack(">h", -1)
     yield bytes(head)
-    formatter = output.stream_content_formatter
+    formatter = output.stream_output_formatter
     failure = b""
     try:
         for value in output.stream_content:

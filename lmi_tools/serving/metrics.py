@@ -1,0 +1,89 @@
+"""What ``GET /metrics`` reports, in Prometheus' text format (prometheus-client).
+
+Counted as requests pass: requests by model, route and status; time to first token, time between streamed
+chunks (one per generation step in rolling batch) and end-to-end latency, from the moment a request was
+queued; prompt and generated tokens where an answer states them (the TGI and OpenAI routes, chat answers
+with ``usage``). Read from the models when scraped: queue depth, running sequences, readiness and worker
+restarts.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterator
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from .dispatcher import Chunk, End, PendingRequest, Start, Status
+from .store import ModelStore
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class Metrics:
+    def __init__(self, store: ModelStore):
+        self.registry = CollectorRegistry()
+        self.requests = Counter("lmi_requests", "HTTP requests answered, by model, route and status",
+                                ["model", "route", "status"], registry=self.registry)
+        self.ttft = Histogram("lmi_time_to_first_token_seconds", "From queued to the first streamed chunk",
+                              ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.itl = Histogram("lmi_inter_token_latency_seconds", "Between two streamed chunks of one answer",
+                             ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("lmi_request_duration_seconds", "From queued to the answer's last byte",
+                             ["model"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.prompt_tokens = Counter("lmi_prompt_tokens", "Prompt tokens of answered requests", ["model"],
+                                     registry=self.registry)
+        self.generated_tokens = Counter("lmi_generated_tokens", "Tokens generated", ["model"],
+                                        registry=self.registry)
+        self.registry.register(_ModelState(store))
+
+    def watch(self, pending: PendingRequest, model: str) -> None:
+        """Time this request's answer as the dispatcher emits it."""
+        pending.on_event = _Timer(self, model, pending.enqueued_at)
+
+    def tokens(self, model: str, prompt: int, generated: int) -> None:
+        self.prompt_tokens.labels(model).inc(prompt)
+        self.generated_tokens.labels(model).inc(generated)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Timer:
+    def __init__(self, metrics: Metrics, model: str, queued_at: float):
+        self.metrics, self.model, self.queued_at = metrics, model, queued_at
+        self.last_chunk: float | None = None
+
+    def __call__(self, event: Start | Chunk | End) -> None:
+        now = time.monotonic()
+        final = isinstance(event, End) or (isinstance(event, Chunk) and event.final)
+        if isinstance(event, Chunk) and not final:  # a streamed piece: a complete answer has no "first token"
+            if self.last_chunk is None:
+                self.metrics.ttft.labels(self.model).observe(now - self.queued_at)
+            else:
+                self.metrics.itl.labels(self.model).observe(now - self.last_chunk)
+            self.last_chunk = now
+        if final:
+            self.metrics.e2e.labels(self.model).observe(now - self.queued_at)
+
+
+class _ModelState:
+    """Read from the models at scrape time."""
+
+    def __init__(self, store: ModelStore):
+        self.store = store
+
+    def collect(self) -> Iterator[Metric]:
+        queued = GaugeMetricFamily("lmi_queue_depth", "Requests waiting in the model's job queue", labels=["model"])
+        running = GaugeMetricFamily("lmi_running_sequences", "Sequences in the rolling batch", labels=["model"])
+        ready = GaugeMetricFamily("lmi_model_ready", "1 when the model answers requests", labels=["model"])
+        restarts = CounterMetricFamily("lmi_worker_restarts", "Worker processes restarted after dying or timing "
+                                                              "out", labels=["model"])
+        for name, model in list(self.store.models.items()):
+            queued.add_metric([name], model.jobs.qsize())
+            running.add_metric([name], len(model.rolling_batch.active))
+            ready.add_metric([name], 1 if model.status is Status.READY else 0)
+            restarts.add_metric([name], model.restarts)
+        yield from (queued, running, ready, restarts)

@@ -1,0 +1,171 @@
+"""What the routes that speak another API's schema (TGI, OpenAI completions) share.
+
+Such a route translates its client's request into LMI's schema (``{"inputs", "parameters", "stream"}``),
+queues it on the model like any other request, and reads the model's answer back as ``Token``s and one
+``Result`` per prompt, whichever framing the model answers in (jsonlines, ``data:`` lines or one JSON value;
+LMI's or, with ``option.tgi_compat``, TGI's shapes), to render them in its own API's shape.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Mapping
+
+from fastapi import Request
+
+from lmi_handlers.errors import Cancelled
+
+from ..dispatcher import Chunk, End, PendingRequest, ServedModel
+from ..store import ModelStore
+from .relay import HttpError, started, submit
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+    logprob: float | None
+    special: bool
+    index: int = 0  # which prompt of the request
+
+
+@dataclass(frozen=True)
+class Result:
+    text: str
+    finish_reason: str
+    generated_tokens: int
+    prompt_tokens: int
+    seed: int | None
+    index: int = 0
+    #: The last token, when it came on the same line as the result (LMI's last jsonlines line).
+    token: Token | None = None
+
+
+@dataclass(frozen=True)
+class Failure:
+    """The model failed after the answer started (a mid-stream error)."""
+
+    code: int
+    message: str
+
+
+Item = Token | Result | Failure
+
+
+def drop_nulls(values: Mapping[str, Any]) -> dict[str, Any]:
+    """Clients send every parameter, unset ones as null: null means "the default"."""
+    return {k: v for k, v in values.items() if v is not None}
+
+
+def refuse_unsupported(values: Mapping[str, Any], neutral: Mapping[str, tuple]) -> None:
+    """A 400 for a parameter set to something other than its neutral values (what this server does anyway)."""
+    for name, allowed in neutral.items():
+        if name in values and values[name] not in allowed:
+            shown = " or ".join(json.dumps(a) for a in allowed)
+            raise HttpError(400, "BadRequestException", f"{name}={json.dumps(values[name])} is not supported by this "
+                                                        f"server: omit it or send {shown}")
+
+
+async def generate(request: Request, store: ModelStore, model: ServedModel, body: dict[str, Any],
+                   stream: bool) -> AsyncIterator[Item]:
+    """Queue an LMI request and return its answer's items; an error before the answer starts is an
+    ``HttpError`` with the model's status and message."""
+    pending = await submit(request, store, model, body=json.dumps(body).encode(),
+                           accept="application/jsonlines" if stream else "application/json")
+    start = await started(request, pending)
+    if start is None:
+        raise HttpError(Cancelled.status, "ClientClosed", "the client went away")
+    if start.code >= 400:
+        text = b"".join([c.data async for c in _chunks(pending)]).decode("utf-8", "replace")
+        raise HttpError(start.code, "BadRequestException" if start.code < 500 else "ModelException",
+                        error_message(text))
+    return _read(pending, lambda result: request.app.state.metrics.tokens(model.name, result.prompt_tokens,
+                                                                          result.generated_tokens))
+
+
+async def _chunks(pending: PendingRequest) -> AsyncIterator[Chunk]:
+    while True:
+        event = await pending.events.get()
+        if isinstance(event, End):
+            if event.error:
+                yield Chunk(json.dumps({"code": 500, "error": event.error}).encode(), final=True)
+            return
+        yield event
+        if event.final:
+            return
+
+
+async def _read(pending: PendingRequest, count: Callable[[Result], None]) -> AsyncIterator[Item]:
+    seen_tokens: set[int] = set()
+    buffer = b""
+    finished = False
+    try:
+        async for chunk in _chunks(pending):
+            *lines, buffer = (buffer + chunk.data).split(b"\n")
+            for line in lines:
+                for item in _items(line, seen_tokens, count):
+                    yield item
+        for item in _items(buffer, seen_tokens, count):  # a JSON answer has no newline at its end
+            yield item
+        finished = True
+    finally:
+        if not finished:
+            pending.cancelled = True  # the client went away: free the sequence's slot at the next step
+
+
+def _items(line: bytes, seen_tokens: set[int], count: Callable[[Result], None]) -> list[Item]:
+    text = line.decode("utf-8", "replace").strip()
+    if text.startswith("data:"):
+        text = text[5:].strip()
+    if not text or text == "[DONE]":
+        return []
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return [Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")]
+    objects = value if isinstance(value, list) else [value]
+    items: list[Item] = []
+    for index, obj in enumerate(objects):
+        if not isinstance(obj, dict):
+            return [Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")]
+        items += _object_items(obj, index, seen_tokens)
+    for item in items:
+        if isinstance(item, Result):
+            count(item)  # the token counters of /metrics
+    return items
+
+
+def _object_items(obj: dict[str, Any], index: int, seen_tokens: set[int]) -> list[Item]:
+    if "error" in obj:
+        return [Failure(int(obj.get("code") or 500), error_message(obj))]
+    details = obj.get("details") or {}
+    tokens = [obj["token"]] if "token" in obj else ([] if index in seen_tokens else details.get("tokens", []))
+    items: list[Item] = [_token(t, index) for t in tokens]
+    seen_tokens.add(index)
+    if obj.get("generated_text") is None:
+        return items
+    last = items.pop() if "token" in obj else None
+    return items + [Result(obj["generated_text"], details.get("finish_reason", "eos_token"),
+                           details.get("generated_tokens", len(tokens)), details.get("prompt_tokens", 0),
+                           details.get("seed"), index, last)]
+
+
+def _token(token: dict[str, Any], index: int) -> Token:
+    return Token(token.get("id", 0), token.get("text", ""), token.get("logprob", token.get("log_prob")),
+                 bool(token.get("special", token.get("special_token", False))), index)
+
+
+def error_message(body: str | dict[str, Any]) -> str:
+    """The sentence in any error body a model or the server sends (LMI's ``error``, DJL's ``message``)."""
+    if isinstance(body, str):
+        try:
+            body = json.loads(body)
+        except json.JSONDecodeError:
+            return body.strip() or "the model failed without a message"
+    if isinstance(body, list) and body:
+        body = body[0]
+    if not isinstance(body, dict):
+        return str(body)
+    message = body.get("error") if isinstance(body.get("error"), str) else body.get("message")
+    return str(message or body)

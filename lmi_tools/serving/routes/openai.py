@@ -1,0 +1,242 @@
+"""OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``.
+
+The body's ``model`` picks among the served models (with one model, any name reaches it, as clients send
+names of their own); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the
+``openai`` client shows the message. Chat bodies go to the handler as they are (it speaks OpenAI's chat);
+completions are translated into LMI's schema (``generation.py``) and answered as ``text_completion`` objects,
+streamed as server-sent events ending with ``data: [DONE]``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import time
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from lmi_handlers.errors import Cancelled
+
+from ..dispatcher import Chunk, End, PendingRequest, ServedModel
+from ..store import ModelStore
+from .generation import Failure, Result, Token, drop_nulls, error_message, generate, refuse_unsupported
+from .relay import NO_CACHE, RAW_BODY, HttpError, Store, named, read_body, started, submit
+
+router = APIRouter(tags=["openai"])
+PREFIX = "/v1/"
+
+COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
+                     "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
+                     "suffix", "logit_bias")
+NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
+           "logit_bias": ({},)}
+FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
+_ids = itertools.count(1)
+
+
+def error(code: int, message: str) -> JSONResponse:
+    kind = "invalid_request_error" if code < 500 else "server_error"
+    code_name = {404: "model_not_found", 429: "rate_limit_exceeded", 503: "service_unavailable"}.get(code)
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code_name}},
+                        status_code=code)
+
+
+@router.get("/v1/models")
+async def models(store: Store) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
+                                                     "owned_by": "lmi-handlers", "status": m.status.value}
+                                                    for name, m in store.models.items()]})
+
+
+@router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
+async def chat(request: Request, store: Store) -> Response:
+    raw = await read_body(request, store)
+    model = _model(store, request, _json(raw).get("model") if raw.strip() else None)
+    pending = await submit(request, store, model, body=raw)
+    start = await started(request, pending)
+    if start is None:
+        return Response(b"", Cancelled.status)
+    first = await pending.events.get()
+    if start.code >= 400:
+        body = first.data if isinstance(first, Chunk) else b""
+        raise HttpError(start.code, "ModelException", error_message(body.decode("utf-8", "replace")))
+    headers = {**NO_CACHE, **start.headers}
+    if isinstance(first, End):
+        return Response(b"", start.code, headers)
+
+    def count(data: bytes) -> None:
+        for usage in _usages(data):
+            request.app.state.metrics.tokens(model.name, usage["prompt_tokens"], usage["completion_tokens"])
+
+    if first.final:
+        count(first.data)
+        return Response(first.data, start.code, headers)
+    return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
+
+
+@router.post("/v1/completions", openapi_extra=RAW_BODY)
+async def completions(request: Request, store: Store) -> Response:
+    body = _json(await read_body(request, store))
+    unknown = sorted(set(body) - set(COMPLETION_FIELDS))
+    if unknown:
+        raise HttpError(400, "BadRequestException", f"unknown field {unknown[0]}: allowed fields are "
+                                                    f"{', '.join(COMPLETION_FIELDS)}")
+    body = drop_nulls(body)
+    refuse_unsupported(body, NEUTRAL)
+    model = _model(store, request, body.get("model"))
+    prompt = body.get("prompt")
+    if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
+                                        all(isinstance(p, str) for p in prompt))):
+        raise HttpError(400, "BadRequestException", f"prompt={json.dumps(prompt)[:80]} is invalid: expected a "
+                                                    "string or a non-empty list of strings (token ids are not "
+                                                    "supported)")
+    stream = body.get("stream", False)
+    temperature = body.get("temperature", 1.0)
+    parameters = {"max_new_tokens": body.get("max_tokens", 16), "details": True,
+                  "do_sample": isinstance(temperature, (int, float)) and temperature > 0,
+                  "temperature": temperature, "return_full_text": body.get("echo", False),
+                  **{k: body[k] for k in ("top_p", "stop", "seed") if k in body}}
+    items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
+                           stream=stream is True)
+    completion = _Completion(model.name, body)
+    if stream is True:
+        return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
+    return JSONResponse(await completion.whole(items), headers=NO_CACHE)
+
+
+def _json(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw or b"null")
+    except ValueError as exc:
+        raise HttpError(400, "BadRequestException", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "BadRequestException", "request body must be a JSON object")
+    return body
+
+
+def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
+    name = name or request.query_params.get("model_name")
+    if isinstance(name, str) and name in store.models:
+        return named(store, name)
+    if len(store.models) == 1:  # clients send model names of their own; one model answers them all
+        return named(store, next(iter(store.models)))
+    served = ", ".join(store.models) or "none"
+    if not name:
+        raise HttpError(400, "BadRequestException", f"model is required: this server has several models ({served})")
+    raise HttpError(404, "ModelNotFoundException", f"The model `{name}` does not exist: this server has {served}")
+
+
+async def _chat_stream(pending: PendingRequest, first: Chunk, count: Callable[[bytes], None]) -> AsyncIterator[bytes]:
+    event: Chunk | End = first
+    finished = False
+    try:
+        while isinstance(event, Chunk):
+            count(event.data)
+            yield _openai_error_frames(event.data)
+            if event.final:
+                break
+            event = await pending.events.get()
+        finished = True
+    finally:
+        if not finished:
+            pending.cancelled = True  # the client went away (the page's stop button): free the slot
+
+
+def _usages(data: bytes) -> list[dict[str, int]]:
+    """The ``usage`` objects in a chat answer or stream chunk (for the token counters of /metrics)."""
+    if b'"usage"' not in data:
+        return []
+    found = []
+    for line in data.split(b"\n"):
+        text = line.decode("utf-8", "replace")
+        try:
+            obj = json.loads(text[5:] if text.startswith("data:") else text)
+        except ValueError:
+            continue
+        usage = obj.get("usage") if isinstance(obj, dict) else None
+        if isinstance(usage, dict) and {"prompt_tokens", "completion_tokens"} <= usage.keys():
+            found.append(usage)
+    return found
+
+
+def _openai_error_frames(data: bytes) -> bytes:
+    """LMI's mid-stream error frame ``{"code", "error": "..."}`` in OpenAI's shape, which the client raises."""
+    if b'"error"' not in data:
+        return data
+    lines = []
+    for line in data.split(b"\n"):
+        text = line.decode("utf-8", "replace")
+        payload = text[5:].strip() if text.startswith("data:") else text
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            lines.append(line)
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("error"), str):
+            body = json.loads(error(int(obj.get("code") or 500), obj["error"]).body)
+            line = (b"data: " if text.startswith("data:") else b"") + json.dumps(body).encode()
+        lines.append(line)
+    return b"\n".join(lines)
+
+
+class _Completion:
+    """One ``text_completion`` answer: whole, or as chunks."""
+
+    def __init__(self, model: str, body: dict[str, Any]):
+        self.model, self.body = model, body
+        self.id, self.created = f"cmpl-{next(_ids)}", int(time.time())
+        self.logprobs = body.get("logprobs") is not None
+
+    def _object(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices, **extra}
+
+    def _choice(self, index: int, text: str, tokens: list[Token], finish: str | None) -> dict[str, Any]:
+        logprobs = ({"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
+                     "top_logprobs": None, "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in
+                                                                                             tokens[:-1]]))}
+                    if self.logprobs else None)
+        return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
+
+    @staticmethod
+    def _usage(results: list[Result]) -> dict[str, int]:
+        prompt, completion = sum(r.prompt_tokens for r in results), sum(r.generated_tokens for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    async def whole(self, items: AsyncIterator[Any]) -> dict[str, Any]:
+        tokens: dict[int, list[Token]] = {}
+        results: list[Result] = []
+        async for item in items:
+            if isinstance(item, Failure):
+                raise HttpError(item.code, "ModelException", item.message)
+            if isinstance(item, Token):
+                tokens.setdefault(item.index, []).append(item)
+            elif isinstance(item, Result):
+                results.append(item)
+        choices = [self._choice(r.index, r.text, tokens.get(r.index, []) + ([r.token] if r.token else []),
+                                FINISH.get(r.finish_reason, "stop")) for r in results]
+        return self._object(choices, usage=self._usage(results))
+
+    async def events(self, items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
+        if self.body.get("echo"):
+            yield _sse(self._object([self._choice(0, self.body["prompt"], [], None)]))
+        async for item in items:
+            if isinstance(item, Failure):
+                yield _sse(json.loads(error(item.code, item.message).body))
+                break
+            if isinstance(item, Token):
+                yield _sse(self._object([self._choice(0, item.text, [item], None)]))
+            elif isinstance(item, Result):
+                last = [item.token] if item.token else []
+                yield _sse(self._object([self._choice(0, "".join(t.text for t in last), last,
+                                                      FINISH.get(item.finish_reason, "stop"))]))
+                if (self.body.get("stream_options") or {}).get("include_usage"):
+                    yield _sse(self._object([], usage=self._usage([item])))
+                break
+        yield b"data: [DONE]\n\n"
+
+
+def _sse(obj: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
