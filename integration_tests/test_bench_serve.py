@@ -81,7 +81,7 @@ def test_bad_requests_are_counted_with_the_server_message(server, tmp_path):
     assert logs[1][0]["status"] == 400 and "unknown field parameters.bogus" in logs[1][0]["error"]
 
 
-def test_serve_runs_a_sweep_on_the_tiny_model(serve, tiny_model_dir, tmp_path):
+def test_serve_runs_a_sweep_on_the_tiny_model(serve, tiny_model_dir, tmp_path, capsys):
     """The README's command: lmi bench starts lmi serve, finds the tokenizer, writes JSON, Markdown and PNGs."""
     model = serve.model_dir("tiny", {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint",
                                      "option.model_id": str(tiny_model_dir), "option.rolling_batch": "auto"})
@@ -96,6 +96,7 @@ def test_serve_runs_a_sweep_on_the_tiny_model(serve, tiny_model_dir, tmp_path):
                                                           "ttft_vs_concurrency.png"]
     assert "| metric | C=1 | C=2 |" in (out / "report.md").read_text()
     assert (out / "serve.log").exists()
+    assert "starting lmi serve" in capsys.readouterr().err  # said before the wait for /ping, not after
 
 
 def test_compare_prints_two_reports_side_by_side(server, tmp_path, capsys):

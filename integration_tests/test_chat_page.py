@@ -41,6 +41,22 @@ def browser():
         browser.close()
 
 
+def running_sequences(server, model, timeout=10.0):
+    """The model's rolling-batch size from /metrics, once it is 0 or the timeout passes."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    deadline = time.monotonic() + timeout
+    while True:
+        families = text_string_to_metric_families(httpx.get(server.url + "/metrics").text)
+        running = next(s.value for f in families if f.name == "lmi_running_sequences" for s in f.samples
+                       if s.labels["model"] == model)
+        if running == 0 or time.monotonic() > deadline:
+            return running
+        time.sleep(0.1)
+
+
 def answers(page):
     return page.locator(".message.assistant")
 
@@ -74,6 +90,7 @@ def test_chat_stream_stop_and_switch_model(server, browser, shots):
     playwright_api.expect(answers(page).last.locator(".stats")).to_contain_text("stopped")
     stopped = answers(page).last.locator(".content").inner_text()
     assert len(stopped) < len(FOX)
+    assert running_sequences(server, "fox") == 0  # the server let the stopped sequence go
     page.screenshot(path=str(shots / "chat-page.png"))
 
     # Switch model: the other one loads (the first is unloaded), the status says so, then it answers.

@@ -152,6 +152,6 @@ def test_cli_end_to_end_as_documented(moto_url, tiny_model_dir, serve, tmp_path)
 
     done = lmi("delete", "tiny-cli", "--all", env=env)
     assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout) == {"endpoint": "tiny-cli", "endpoint_config": "tiny-cli", "models": ["tiny-cli"],
-                                       "artifacts": [artifact]}
+    assert json.loads(done.stdout) == {"scaling": [], "components": [], "endpoint": "tiny-cli",
+                                       "endpoint_config": "tiny-cli", "models": ["tiny-cli"], "artifacts": [artifact]}
     assert_nothing_left(s3, sm)

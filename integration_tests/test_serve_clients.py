@@ -137,3 +137,26 @@ def test_metrics_in_prometheus_text_format(server, oai):
     assert value("lmi_running_sequences", "lmi_running_sequences", model="fox") == 0
     assert value("lmi_model_ready", "lmi_model_ready", model="bonjour") == 1
     assert value("lmi_worker_restarts", "lmi_worker_restarts_total", model="fox") == 0
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_lmi_bench_with_model_against_two_models(server, tmp_path, path):
+    """Issue 19 item 8: `lmi bench --model` against the multi-model setup used to get 400s only."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "lmi_tools", "bench", server.url + path, "--model", "bonjour",
+                             "-n", "4", "--max-new-tokens", "4", "--prompt-tokens", "4", "--no-plots",
+                             "-o", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "4 requests 0 errors" in result.stdout + result.stderr
+
+
+def test_huggingface_hub_streams_from_predictions_only_with_tgi_compat(serve):
+    """Issue 19 item 8: TGI clients pointed at /predictions/{model} need option.tgi_compat=true (docs/serving.md);
+    the server's root and /generate_stream need nothing."""
+    server = serve([serve.scripted("compat", **{"option.tgi_compat": "true"})])
+    client = InferenceClient(base_url=server.url + "/predictions/compat", timeout=30)
+    assert "".join(client.text_generation("hi", max_new_tokens=5, stream=True)) == FOX[:5]
+    root = InferenceClient(base_url=server.url, timeout=30)
+    assert "".join(root.text_generation("hi", max_new_tokens=5, stream=True)) == FOX[:5]

@@ -94,3 +94,27 @@ def test_the_tiny_model_through_rolling_batch(serve, tiny_model_dir):
                                                                     Body=json.dumps({**payload, "stream": True}))
     text = b"".join(e["PayloadPart"]["Bytes"] for e in streamed["Body"]).decode().splitlines()
     assert json.loads(text[-1])["generated_text"] == plain
+
+
+def test_an_endpoint_of_inference_components_routes_by_component_name(serve_module):
+    """``lmi serve --endpoint pool``: boto3's InferenceComponentName picks the model, plain and streamed, as on an
+    endpoint whose name is none of its components' names."""
+    server = serve_module([serve_module.scripted("chat", **{"option.scripted_text": "chat!"}),
+                           serve_module.scripted("code", **{"option.scripted_text": "code!"})],
+                          args=["--endpoint", "pool", "--sagemaker-part-size", "3"])
+    client = runtime(server)
+    for name in ("chat", "code"):
+        body = {"inputs": "hi", "parameters": {"max_new_tokens": 5}}
+        plain = client.invoke_endpoint(EndpointName="pool", InferenceComponentName=name, Body=json.dumps(body),
+                                       ContentType="application/json")
+        assert json.loads(plain["Body"].read()) == {"generated_text": f"{name}!"}
+        streamed = client.invoke_endpoint_with_response_stream(
+            EndpointName="pool", InferenceComponentName=name, Body=json.dumps({**body, "stream": True}))
+        lines = b"".join(e["PayloadPart"]["Bytes"] for e in streamed["Body"]).decode().splitlines()
+        assert json.loads(lines[-1])["generated_text"] == f"{name}!"
+    for endpoint, component, message in (("pool", None, "hosts inference components"),
+                                         ("pool", "nope", "Inference component nope not found"),
+                                         ("chat", "chat", "Endpoint chat of account")):
+        extra = {"InferenceComponentName": component} if component else {}
+        with pytest.raises(client.exceptions.ValidationError, match=message):
+            client.invoke_endpoint(EndpointName=endpoint, Body=b'{"inputs": "hi"}', **extra)

@@ -216,6 +216,11 @@ HANDLER_KEYS = frozenset({
 })
 
 
+def _as_written(key: str) -> str:
+    """How ``key`` is spelled in serving.properties: DJLServing's own keys (``batch_size``...) have no prefix."""
+    return key if key in SERVER_KEYS or key == "batch_size" else f"option.{key}"
+
+
 def check_unknown_keys(props: Mapping[str, Any], backend_keys: Iterable[str] = ()) -> list[str]:
     """Log (and return) one warning per key nobody reads, with a did-you-mean suggestion."""
     known = HANDLER_KEYS | SERVER_KEYS | frozenset(backend_keys)
@@ -227,7 +232,7 @@ def check_unknown_keys(props: Mapping[str, Any], backend_keys: Iterable[str] = (
             message = f"option.{key} is an LMI option that lmi_handlers does not use; it is ignored"
         else:
             guess = difflib.get_close_matches(key, sorted(known | UNUSED_LMI_KEYS), n=1, cutoff=0.75)
-            hint = f"; did you mean option.{guess[0]}?" if guess else ""
+            hint = f"; did you mean {_as_written(guess[0])}?" if guess else ""
             message = f"unknown option.{key} is ignored{hint}"
         logger.warning(message)
         warnings.append(message)

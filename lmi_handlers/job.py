@@ -66,8 +66,9 @@ class Job:
             if not self.payload.many:
                 out.append(encoder.encode(mine))
         if self.payload.many and self.done and self.error is None:
-            out.append(dumps([enc.result_object(self.results[seq.uid])
-                              for seq, enc in zip(self.seqs, self.encoders)]))
+            results = [enc.result_object(self.results[seq.uid]) for seq, enc in zip(self.seqs, self.encoders)]
+            legacy = self.payload.requests[0].schema is Schema.LEGACY
+            out.append(dumps({"outputs": results} if legacy else results))
         return "".join(out)
 
     def error_body(self) -> str:

@@ -250,9 +250,10 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: Re
 
 def _parse_legacy(data: Mapping[str, Any], limits: RequestLimits) -> Payload:
     _check_known(data, ("text", "seq_length"), "")
-    many, prompts = _prompts("text", data["text"], limits)
+    _, prompts = _prompts("text", data["text"], limits)
     seq_length = rule_of(GenerationRequest, "seq_length").check("seq_length", data.get("seq_length", 50))
     # max_new_tokens is fixed per prompt once its length is known (job._token_budget).
     stopping = StoppingParams(max_new_tokens=seq_length - 1)
     return Payload(tuple(GenerationRequest(Schema.LEGACY, prompt, SamplingParams(), stopping, return_full_text=True,
-                                           seq_length=seq_length) for prompt in prompts), many=many)
+                                           seq_length=seq_length) for prompt in prompts),
+                   many=True)  # answered {"outputs": [...]} as the examples' own handle() does, whatever "text" is

@@ -6,7 +6,6 @@ from __future__ import annotations
 import sys
 from importlib import import_module
 
-import click
 import typer
 
 from .errors import ToolError
@@ -24,6 +23,7 @@ COMMAND_MODULES = [
     "lmi_tools.commands.package",
     "lmi_tools.commands.compile",
     "lmi_tools.commands.docker",
+    "lmi_tools.commands.stack",
     "lmi_tools.commands.sagemaker",
     "lmi_tools.commands.optimize",
     "lmi_tools.commands.bench",
@@ -31,6 +31,51 @@ COMMAND_MODULES = [
 
 for _name in COMMAND_MODULES:
     import_module(_name).register(app)
+
+# One or two typical command lines per command, shown at the end of its --help (tests/tools/test_cli_usage.py
+# parses each one, so they stay true to the options).
+EXAMPLES = {
+    "tiny-model": ["lmi tiny-model out/tiny"],
+    "serve": ["lmi serve out/demo/model --port 8080", "lmi serve chat=./llama code=./codellama"],
+    "new": ["lmi new --preset llama-3-8b-inf2-xlarge model/"],
+    "render": ["lmi render my-spec.toml model/"],
+    "presets": ["lmi presets"],
+    "validate": ["lmi validate model/ --instance inf2.xlarge", "lmi validate model/ --json"],
+    "package": ["lmi package model/ -o model.tar.gz", "lmi package model/ --uncompressed out/model-tree"],
+    "inspect": ["lmi inspect model.tar.gz"],
+    "compile": ["lmi compile model/ --instance inf2.xlarge"],
+    "docker-run": ["lmi docker-run model/ --instance inf2.xlarge", "lmi docker-run model/ --exec"],
+    "upload": ["lmi upload model.tar.gz s3://my-bucket/llama/"],
+    "deploy": ["lmi deploy --artifact s3://my-bucket/llama/model.tar.gz --instance ml.inf2.xlarge "
+               "--role arn:aws:iam::111122223333:role/SageMakerExecution --name llama --region us-east-1 --dry-run"],
+    "invoke": ["lmi invoke llama --prompt 'What is Inferentia2?' --stream"],
+    "delete": ["lmi delete llama --all --dry-run"],
+    "components": ["lmi components pool"],
+    "scale": ["lmi scale chat 2", "lmi scale code 0 --no-wait"],
+    "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
+              "lmi bench --serve out/demo/model --sweep 1,4,16"],
+    "chat-stack": ["lmi chat-stack llama=s3://my-bucket/llama/model.tar.gz --wheel "
+                   "s3://my-bucket/lmi_handlers-0.1.0-py3-none-any.whl --key-name my-key --instance inf2.xlarge"],
+    "optimize start": ["lmi optimize start --name llama-awq --model s3://my-bucket/llama/ "
+                       "--output s3://my-bucket/llama-awq/ --instance ml.g5.12xlarge "
+                       "--role arn:aws:iam::111122223333:role/SageMakerRole --quantize awq --dry-run"],
+    "optimize wait": ["lmi optimize wait llama-awq"],
+    "optimize stop": ["lmi optimize stop llama-awq"],
+    "optimize deploy": ["lmi optimize deploy llama-awq --name llama-awq"],
+}
+
+
+def _commands(typer_app: typer.Typer, prefix: str = ""):
+    """(full name, CommandInfo) of every command, those of groups included."""
+    for info in typer_app.registered_commands:
+        yield prefix + (info.name or info.callback.__name__.replace("_", "-")), info
+    for group in typer_app.registered_groups:
+        yield from _commands(group.typer_instance, f"{prefix}{group.name} ")
+
+
+for _full_name, _info in _commands(app):
+    if _full_name in EXAMPLES:
+        _info.epilog = "Examples:\n\n" + "\n\n".join(f"  {line}" for line in EXAMPLES[_full_name])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,15 +87,23 @@ def main(argv: list[str] | None = None) -> int:
         if exc.hint:
             typer.secho(f"hint: {exc.hint}", fg="yellow", err=True)
         return exc.exit_code
-    except click.exceptions.Abort:
+    except typer.Abort:
         typer.echo("aborted", err=True)
         return 130
-    except click.exceptions.Exit as exc:
+    except typer.Exit as exc:
         return exc.exit_code
-    except click.ClickException as exc:
-        exc.show()
+    except typer.TyperException as exc:
+        # The installed typer raises its own copy of click's exceptions (typer._click); TyperException is
+        # their public base. Usage errors show the usage line and exit 2, never a traceback.
+        show = getattr(exc, "show", None)
+        if show:
+            show()
+        else:
+            typer.secho(f"error: {exc.format_message()}", fg="red", err=True)
         return exc.exit_code
-
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        return 130
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The SageMaker path of docs/sagemaker.md ("Try it offline"), step by step, with no AWS account: moto plays
 # S3 and the SageMaker control plane, `lmi serve` plays the endpoint's container behind SageMaker Runtime.
-# package -> lmi upload -> lmi deploy -> (SageMaker's part) -> lmi invoke, plain and streamed -> lmi delete.
+# package -> lmi upload -> lmi deploy (autoscaled) -> (SageMaker's part) -> lmi invoke, plain and streamed ->
+# lmi delete; then two inference components: their plan, and lmi serve playing their endpoint.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -n "${SKIP_SETUP:-}" ] || scripts/setup.sh
@@ -36,7 +37,8 @@ for _ in $(seq 1 50); do curl -s -o /dev/null "$AWS_ENDPOINT_URL" && break; slee
 echo "--- 3. upload and deploy"
 ARTIFACT=$(lmi upload "$OUT/model.tar.gz" "s3://$BUCKET/tiny/")
 lmi deploy --artifact "$ARTIFACT" --instance ml.g4dn.xlarge --role "$ROLE" --name tiny-ep --dry-run > "$OUT/plan.json"
-lmi deploy --artifact "$ARTIFACT" --instance ml.g4dn.xlarge --role "$ROLE" --name tiny-ep --poll-interval 1
+lmi deploy --artifact "$ARTIFACT" --instance ml.g4dn.xlarge --role "$ROLE" --name tiny-ep --poll-interval 1 \
+  --autoscale 1:2 --target-metric invocations --target-value 100
 
 echo "--- 4. SageMaker's part: copy the model data to /opt/ml/model and start the container"
 "$PYTHON" -c "import boto3; boto3.client('s3').download_file('$BUCKET', 'tiny/model.tar.gz', '$OUT/downloaded.tar.gz')"
@@ -57,5 +59,20 @@ curl -s -X POST "http://127.0.0.1:$PORT/predictions/tiny-ep" -H 'Content-Type: a
   -d '{"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 16}}'
 echo
 
-echo "--- 6. delete the endpoint, its config, its model and the artifact"
+echo "--- 6. delete the scaling policy and target, the endpoint, its config, its model and the artifact"
 lmi delete tiny-ep --all
+
+echo "--- 7. inference components: the plan (dry run: moto has none) and lmi serve playing endpoint 'pool'"
+lmi deploy --artifact "$ARTIFACT" --instance ml.g5.12xlarge --role "$ROLE" --name pool --component chat \
+  --model-dir "$OUT/model" --dry-run > "$OUT/plan-component.json"
+kill $SERVER && wait $SERVER 2>/dev/null || true
+"$PYTHON" -m lmi_tools serve "chat=$OUT/opt-ml-model/tiny-ep" "code=$OUT/opt-ml-model/tiny-ep" --endpoint pool \
+  --port "$PORT" > "$OUT/serve-pool.log" 2>&1 &
+SERVER=$!
+for _ in $(seq 1 120); do
+  kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve-pool.log"; exit 1; }
+  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/ping")" = 200 ] && break
+  sleep 0.5
+done
+lmi invoke pool --component chat "${ASK[@]}"
+lmi invoke pool --component code "${ASK[@]}" --stream

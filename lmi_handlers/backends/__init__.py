@@ -6,8 +6,10 @@ Each module imports its heavy dependencies lazily, so choosing one costs nothing
 from __future__ import annotations
 
 import importlib.util
+import os
 
 from ..config import HandlerConfig
+from ..errors import ConfigError
 from .base import Backend
 
 
@@ -24,10 +26,24 @@ def load_backend(config: HandlerConfig) -> Backend:
         from .scripted import ScriptedBackend
 
         return ScriptedBackend(config)
+    _check_model_files(config.model_id)
     if name == "neuronx":
+        if importlib.util.find_spec("transformers_neuronx") is None:  # fail before any download from the hub
+            raise ConfigError("backend", config.backend, "the neuronx backend needs transformers-neuronx, which the "
+                              "LMI neuronx image has on inf2/trn1 hosts and this machine has not; to run this model "
+                              "directory here, set option.backend=hf (or auto)")
         from .neuronx import NeuronxBackend
 
         return NeuronxBackend(config)
     from .hf import HFBackend
 
     return HFBackend(config)
+
+
+def _check_model_files(model_id: str) -> None:
+    """A local model without config.json would otherwise fail deep inside transformers with a misleading hint
+    (about sentencepiece, for a missing tokenizer); name the real cause instead."""
+    if os.path.isdir(model_id) and not os.path.isfile(os.path.join(model_id, "config.json")):
+        raise ConfigError("model_id", model_id, "this directory has no config.json; it needs the model's "
+                          "config.json, tokenizer and weights (set option.model_id to where they are; lmi validate "
+                          "checks this before deploying)")

@@ -22,12 +22,13 @@ streaming off where the path does not decide it.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..answers.messages import Api
-from ..errors import UsageError
+from ..errors import ToolError, UsageError
 
 DEFAULT_PATHS = {Api.LMI: "/invocations", Api.OPENAI_COMPLETIONS: "/v1/completions",
                  Api.OPENAI_CHAT: "/v1/chat/completions"}
@@ -134,3 +135,19 @@ def parse_api(api: str | None) -> Api | None:
         return Api(api)
     except ValueError:
         raise UsageError(f"--api {api!r} is not one of {API_NAMES}") from None
+
+
+def check_reachable(target: BenchTarget, timeout: float = 5.0) -> None:
+    """Connect once before sending anything, so that a dead port is one clear error, not N failed requests.
+    Only for explicit URLs: SageMaker itself (no endpoint URL) is reached through boto3's own checks."""
+    url = target.url or target.endpoint_url
+    if not url:
+        return
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ToolError(f"cannot connect to {parts.hostname}:{port} ({exc.strerror or exc}); nothing was sent",
+                        hint="start the server first and check the URL, or let lmi bench start one with "
+                             "--serve MODEL_DIR") from None

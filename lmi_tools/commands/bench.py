@@ -92,9 +92,11 @@ def _run(plan, output: Path, with_plots: bool, show_progress: bool) -> None:
     from ..bench.plots import require_matplotlib
     from ..bench.report import build_report, write_reports
     from ..bench.runner import run_bench
+    from ..bench.targets import check_reachable
 
     if with_plots:
         require_matplotlib()
+    check_reachable(plan.target)
     bar = _RichProgress() if show_progress else None
     results = run_bench(plan, bar)
     report = build_report(plan.describe(), results)
@@ -122,6 +124,10 @@ def _plan(target: str, load, server, *, api, stream, region, tokenizer, prompt, 
         tokenizer = str(found) if found else None
     counter = TokenCounter.load(tokenizer) if tokenizer else None
     prompts = build_prompts(prompt_tokens, counter, prompt)
+    if counter is None and prompt is None:
+        typer.secho(f"warning: no tokenizer, so --prompt-tokens {prompt_tokens} means {prompt_tokens} words of filler "
+                    "text (often twice as many tokens or more); pass --tokenizer MODEL_DIR_OR_HUB_ID to count "
+                    "tokens", fg="yellow", err=True)
     return BenchPlan(resolved, replace(shape, stream=resolved.stream), prompts, load, counter, price, price_source,
                      headers)
 
@@ -133,7 +139,10 @@ def _server(model_dir: Optional[Path], output: Path):
         return
     from ..bench.local_server import LocalServer
 
-    with LocalServer(model_dir, output / "serve.log") as server:
+    server = LocalServer(model_dir, output / "serve.log")
+    typer.echo(f"starting lmi serve {model_dir} on {server.base} and waiting for /ping (its log: {server.log_path}; "
+               "loading a model can take minutes)", err=True)
+    with server:
         yield server
 
 

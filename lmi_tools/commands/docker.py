@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
 
 def docker_run(
     model_dir: Path = typer.Argument(..., help="Model directory (serving.properties, weights); mounted at /opt/ml/model"),
-    instance: str = typer.Option(..., "--instance", help="EC2 instance type, e.g. inf2.48xlarge or g5.12xlarge"),
+    instance: Optional[str] = typer.Option(None, "--instance", "-i",
+                                           help="EC2 instance type, e.g. inf2.48xlarge or g5.12xlarge; default: the "
+                                                "'# lmi: instance_type=' line of serving.properties"),
     image: Optional[str] = typer.Option(None, help="Image to run (default: lmi-handlers:neuronx or lmi-handlers:gpu, "
                                                    "built from docker/)"),
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor parallel degree (default: serving.properties)"),
@@ -35,12 +37,14 @@ def docker_run(
 ) -> int:
     """Print the docker run line that serves MODEL_DIR with DJLServing on an inf2/trn1 or G5 host."""
     from ..ec2.docker_run import DockerOptions, plan_docker_run
-    from ..modeldir.properties import parse_properties, read_text
+    from ..modeldir.properties import instance_type, parse_properties, read_text
 
     if not model_dir.is_dir():
         raise UsageError(f"{model_dir} is not a directory", hint="give the model directory holding serving.properties")
     props_file = model_dir / "serving.properties"
-    properties = parse_properties(read_text(props_file)) if props_file.is_file() else {}
+    text = read_text(props_file) if props_file.is_file() else ""
+    properties = parse_properties(text)
+    instance = instance_type(model_dir, text, instance)
     for label, value in (("--tp", tp), ("--copies", copies)):
         if value is not None and value < 1:
             raise UsageError(f"{label} must be at least 1, got {value}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -28,7 +29,9 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
 
     if output is None and uncompressed is None:
         output = Path("model.tar.gz")
-    artifact = build(model_dir, output, uncompressed, validate=not no_validate, instance=instance, config=config)
+    with _byte_progress(output or uncompressed) as progress:
+        artifact = build(model_dir, output, uncompressed, validate=not no_validate, instance=instance, config=config,
+                         progress=progress)
     for warning in artifact.warnings:
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
     if artifact.replaced_runtime:
@@ -38,6 +41,28 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
         typer.echo(f"wrote {artifact.tarball} (sha256 {artifact.sha256})")
     if artifact.tree:
         typer.echo(f"wrote {artifact.tree}/ (upload it as an S3 prefix with CompressionType None)")
+
+
+@contextlib.contextmanager
+def _byte_progress(destination: Path):
+    """A start line on stderr, then (on a terminal) a bar with bytes, speed and time left: compressing a large
+    checkpoint takes minutes (about 40 MB/s)."""
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+
+    console = Console(stderr=True)
+    with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                  TimeRemainingColumn(), console=console, transient=True) as bar:
+        task = bar.add_task(f"writing {destination}", total=None)
+
+        def progress(done: int, total: int) -> None:
+            if not done:  # once per output: the tarball, then the uncompressed tree
+                bar.update(task, total=(bar.tasks[0].total or 0) + total)
+                console.print(f"writing {destination}: {total / 1e6:,.1f} MB to pack", markup=False, highlight=False)
+            bar.advance(task, done)
+
+        yield progress
 
 
 def inspect(archive: Path = typer.Argument(..., help="A model.tar.gz"),

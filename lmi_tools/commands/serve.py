@@ -42,12 +42,15 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                                              "accelerator's memory)"),
           sagemaker_part_size: int = typer.Option(0, help="Largest SageMaker PayloadPart in bytes (0: one per "
                                                           "chunk); small values exercise clients' reassembly"),
+          endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
+                                                  "name: SageMaker Runtime calls must name a model as "
+                                                  "InferenceComponentName"),
           log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
     """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
     import re
 
     from ..errors import UsageError
-    from ..serving.app import INFERENCE, MANAGEMENT, create_app, serve as run
+    from ..serving.app import INFERENCE, MANAGEMENT, create_app, listen, serve as run
     from ..serving.store import ModelStore, ServerConfig, model_name_for, model_path_for
 
     if engine not in ("auto", "lmi", "djl"):
@@ -66,13 +69,15 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         config = ServerConfig.from_env()
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    config.engine, config.sagemaker_part_size = engine, sagemaker_part_size
+    config.engine, config.sagemaker_part_size, config.sagemaker_endpoint = engine, sagemaker_part_size, endpoint
     config.read_timeout, config.max_header_bytes, config.model_url_pattern = (read_timeout, max_header_bytes,
                                                                               model_url_pattern)
     if job_queue_size is not None:
         config.job_queue_size = job_queue_size
     management_port = port + 1 if management_port is None else management_port
     _warn_exposed(host, management_host, model_url_pattern)
+    one_listener = (management_host, management_port) == (host, port)
+    sockets = [listen(host, port)] + ([] if one_listener else [listen(management_host, management_port)])
     store = ModelStore(config)
     store.one_at_a_time = one_at_a_time
     for i, spec in enumerate(models):
@@ -85,11 +90,11 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         except ValueError as exc:
             store.close()
             raise UsageError(str(exc)) from None
-    if (management_host, management_port) == (host, port):
-        listeners = [(create_app(store), host, port)]
+    if one_listener:
+        listeners = [(create_app(store), sockets[0])]
     else:
-        listeners = [(create_app(store, INFERENCE), host, port),
-                     (create_app(store, MANAGEMENT, owns_store=False), management_host, management_port)]
+        listeners = [(create_app(store, INFERENCE), sockets[0]),
+                     (create_app(store, MANAGEMENT, owns_store=False), sockets[1])]
     typer.echo(f"lmi serve: http://{host}:{port}  management: http://{management_host}:{management_port}  "
                f"models: {', '.join(store.catalog)}  (GET /ping until 200; chat page: http://{host}:{port}/)")
     run(listeners, log_level)

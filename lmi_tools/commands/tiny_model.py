@@ -19,4 +19,6 @@ def tiny_model(out_dir: Path = typer.Argument(..., help="Where to write the mode
 
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}", hint=f"use one of {', '.join(PRESETS)}")
+    typer.echo(f"building the {preset} model in {out_dir}: training a tokenizer, writing random weights "
+               "(seconds for tiny, about a minute for bench-115m)", err=True)
     typer.echo(f"wrote {build_tiny_model(out_dir, preset)}")

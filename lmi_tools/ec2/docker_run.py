@@ -24,10 +24,10 @@ from lmi_handlers.config import ConfigError, parse_int
 
 from ..errors import UsageError, ValidationFailed
 from ..instances import INSTANCES, Instance, lookup
+from ..validation.runtime import CONTAINER_MODEL_DIR
 
 IMAGES = {"neuron": "lmi-handlers:neuronx", "gpu": "lmi-handlers:gpu"}
 STOCK_IMAGES = {"neuron": "deepjavalibrary/djl-serving:0.29.0-pytorch-inf2", "gpu": "deepjavalibrary/djl-serving:0.29.0-lmi"}
-MODEL_MOUNT = "/opt/ml/model"
 CONTAINER_CACHE = "/var/tmp/neuron-compile-cache"
 #: Compiling on first start takes minutes to an hour (the image's own default is 1200 s).
 LOADING_TIMEOUT = {"neuron": 3600, "gpu": 1800}
@@ -68,7 +68,7 @@ def plan_docker_run(model_dir: Path, properties: Mapping[str, str], options: Doc
         raise ValidationFailed(f"{copies} copies of TP {tp} need {copies * tp} {_unit(instance)}; {instance.name} has "
                                f"{instance.cores}", hint=f"use at most {instance.cores // tp} copies")
     argv = ["docker", "run", "--rm", "--name", options.name or f"lmi-{_slug(model_dir.name)}",
-            "-p", f"{options.port}:8080", "-v", f"{model_dir.resolve()}:{MODEL_MOUNT}"]
+            "-p", f"{options.port}:8080", "-v", f"{model_dir.resolve()}:{CONTAINER_MODEL_DIR}"]
     timeout = options.loading_timeout or LOADING_TIMEOUT[instance.kind]
     argv += ["-e", f"MODEL_LOADING_TIMEOUT={timeout}", "-e", f"PREDICT_TIMEOUT={options.predict_timeout}"]
     notes = [f"{instance.name}: {_describe(instance)}; tensor parallel degree {tp}"]

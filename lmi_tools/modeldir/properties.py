@@ -99,6 +99,16 @@ def parse_directives(text: str) -> dict[str, str]:
     return found
 
 
+def instance_type(model_dir: Path, text: str, given: str | None) -> str:
+    """``given`` (``--instance``), else the ``# lmi: instance_type=`` line that ``lmi render`` writes."""
+    name = given or parse_directives(text).get("instance_type")
+    if not name:
+        raise UsageError(f"no instance type for {model_dir}",
+                         hint="pass --instance TYPE (e.g. inf2.xlarge), or add a line "
+                              "'# lmi: instance_type=TYPE' to serving.properties (lmi render writes it)")
+    return name
+
+
 def read_text(path: str | Path) -> str:
     """The file as Java reads it (ISO-8859-1); a missing file is a ``UsageError``."""
     path = Path(path)

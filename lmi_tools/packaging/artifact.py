@@ -23,11 +23,10 @@ from lmi_handlers.config import ConfigError
 from ..errors import UsageError
 from ..modeldir.properties import init_properties, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
-from ..validation.runtime import handler_config, ignored_options
+from ..validation.runtime import CONTAINER_MODEL_DIR, handler_config, ignored_options
 from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
-CONTAINER_MODEL_DIR = "/opt/ml/model"
 
 
 @dataclass
@@ -141,20 +140,23 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
         report.problems.append("no serving.properties at the top of the archive")
         return
     props = init_properties(parse_properties(read("serving.properties")))
+    entry: EntryPoint = resolve(props.get("entryPoint"), lambda n: n in files, read, runtime_vendored=True)
+    report.entry_point = entry.detail
+    if not entry.ok:
+        report.problems.append(f"entry point: {entry.detail}" + (f" ({entry.hint})" if entry.hint else ""))
     try:
         config = handler_config(props, CONTAINER_MODEL_DIR)
         unknown = ignored_options(props, config.backend)
     except ConfigError as exc:
-        report.problems.append(f"serving.properties: {exc}")
+        if entry.own_handle:  # the model's own handle() reads its properties; lmi_handlers' rules do not apply
+            report.notes.append(f"serving.properties: {exc} for lmi_handlers; model.py's own handle() reads it")
+        else:
+            report.problems.append(f"serving.properties: {exc}")
         return
     report.notes.extend(f"serving.properties: {message}" for message in unknown)
     batching = (f"rolling batch of {config.max_rolling_batch_size}" if config.rolling
                 else f"batch size {config.batch_size}")
     report.notes.append(f"backend {config.backend}, TP {config.tensor_parallel_degree or 'max'}, {batching}")
-    entry: EntryPoint = resolve(props.get("entryPoint"), lambda n: n in files, read, runtime_vendored=True)
-    report.entry_point = entry.detail
-    if not entry.ok:
-        report.problems.append(f"entry point: {entry.detail}" + (f" ({entry.hint})" if entry.hint else ""))
 
 
 def _check_runtime(report: ArtifactReport, files: dict, read) -> None:

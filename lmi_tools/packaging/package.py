@@ -22,6 +22,7 @@ import tarfile
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Callable
 
 from ..errors import ToolError, UsageError
 from ..modeldir.properties import parse_properties, read_text
@@ -36,6 +37,10 @@ EXCLUDED_SUFFIXES = {".pyc", ".pyo"}
 SPARSE_MIN_BYTES = 64 * 1024**2
 # 1980-01-01T00:00:00Z: zip's epoch, a date every archive tool accepts.
 DEFAULT_MTIME = 315532800
+
+
+#: Told ``(bytes just written, total bytes to write)`` as the artifact is written; once with 0 before the start.
+Progress = Callable[[int, int], None]
 
 
 class PackagingError(ToolError):
@@ -154,9 +159,11 @@ def collect(model_dir: Path, skip: tuple[Path, ...] = ()) -> list[Entry]:
     return sorted(entries + runtime_entries(), key=lambda e: e.name)
 
 
-def write_tarball(entries: list[Entry], output: Path, mtime: int | None = None) -> str:
+def write_tarball(entries: list[Entry], output: Path, mtime: int | None = None,
+                  progress: Progress | None = None) -> str:
     """Write ``entries`` as a reproducible ``.tar.gz``; returns its sha256."""
     mtime = fixed_mtime() if mtime is None else mtime
+    report = _reporter(entries, progress)
     output.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=output.parent, prefix=f".{output.name}.", suffix=".tmp")
     try:
@@ -164,7 +171,7 @@ def write_tarball(entries: list[Entry], output: Path, mtime: int | None = None) 
                                                        compresslevel=6) as gz:
             with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
                 for entry in sorted(entries, key=lambda e: e.name):
-                    _add(tar, entry, mtime)
+                    _add(tar, entry, mtime, report)
         os.replace(tmp, output)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -172,25 +179,47 @@ def write_tarball(entries: list[Entry], output: Path, mtime: int | None = None) 
     return sha256_of(output)
 
 
-def _add(tar: tarfile.TarFile, entry: Entry, mtime: int) -> None:
+def _reporter(entries: list[Entry], progress: Progress | None) -> Callable[[int], None]:
+    if progress is None:
+        return lambda n: None
+    total = sum(entry.source.stat().st_size for entry in entries)
+    progress(0, total)
+    return lambda n: progress(n, total)
+
+
+class _Reading:
+    """A file whose reads are reported (tarfile copies it in blocks)."""
+
+    def __init__(self, handle: BinaryIO, report: Callable[[int], None]):
+        self.handle, self.report = handle, report
+
+    def read(self, size: int = -1) -> bytes:
+        data = self.handle.read(size)
+        self.report(len(data))
+        return data
+
+
+def _add(tar: tarfile.TarFile, entry: Entry, mtime: int, report: Callable[[int], None]) -> None:
     info = tarfile.TarInfo(entry.name)
     info.size = entry.source.stat().st_size
     info.mtime, info.mode, info.type = mtime, entry.mode, tarfile.REGTYPE
     info.uid = info.gid = 0
     info.uname = info.gname = ""
     with entry.source.open("rb") as handle:
-        tar.addfile(info, handle)
+        tar.addfile(info, _Reading(handle, report))
 
 
-def write_tree(entries: list[Entry], out_dir: Path) -> None:
+def write_tree(entries: list[Entry], out_dir: Path, progress: Progress | None = None) -> None:
     """The same files as plain files under ``out_dir`` (which must be new or empty)."""
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UsageError(f"{out_dir} is not empty", hint="give a new or empty folder for the uncompressed layout")
+    report = _reporter(entries, progress)
     for entry in entries:
         target = out_dir / entry.name
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(entry.source, target)
         target.chmod(entry.mode)
+        report(entry.source.stat().st_size)
 
 
 @dataclass
@@ -208,7 +237,7 @@ class Artifact:
 
 
 def build(model_dir: Path, output: Path | None, tree: Path | None, validate: bool = True,
-          instance: str | None = None, config: Path | None = None) -> Artifact:
+          instance: str | None = None, config: Path | None = None, progress: Progress | None = None) -> Artifact:
     """Validate (unless told not to), collect, then write the tarball and/or the uncompressed tree."""
     if output is None and tree is None:
         raise UsageError("nothing to write", hint="pass -o model.tar.gz and/or --uncompressed DIR")
@@ -220,9 +249,9 @@ def build(model_dir: Path, output: Path | None, tree: Path | None, validate: boo
     artifact = Artifact(files=entries, total_bytes=sum(e.source.stat().st_size for e in entries),
                         replaced_runtime=(model_dir / RUNTIME_PACKAGE).is_dir(), warnings=warnings)
     if output is not None:
-        artifact.tarball, artifact.sha256 = output, write_tarball(entries, output)
+        artifact.tarball, artifact.sha256 = output, write_tarball(entries, output, progress=progress)
     if tree is not None:
-        write_tree(entries, tree)
+        write_tree(entries, tree, progress)
         artifact.tree = tree
     return artifact
 

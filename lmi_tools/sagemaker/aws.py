@@ -25,7 +25,8 @@ from ..errors import AwsError, ModelFailed, UsageError
 SECRET_ENV = ("AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 
 CREDENTIALS_HINT = ("configure credentials (aws configure, aws sso login, AWS_PROFILE, or AWS_ACCESS_KEY_ID and "
-                    "AWS_SECRET_ACCESS_KEY); --dry-run needs none")
+                    "AWS_SECRET_ACCESS_KEY); the --dry-run of deploy, delete and optimize start "
+                    "needs none")
 
 # AWS error codes grouped by what the user can do about them: kind -> (codes, hint).
 KINDS: dict[str, tuple[frozenset[str], str]] = {

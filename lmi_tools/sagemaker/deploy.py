@@ -4,7 +4,9 @@
 ``create_endpoint_config``, ``create_endpoint``) without touching AWS, so ``--dry-run`` prints precisely
 what ``create`` later sends. ``deploy`` checks the artifact and the names, makes the calls (removing what it
 created if a later call fails) and polls ``describe_endpoint`` until ``InService``, or raises with
-SageMaker's ``FailureReason``. All three resources share one name (``EndpointSpec.name``).
+SageMaker's ``FailureReason``. All three resources share one name (``EndpointSpec.name``). With
+``EndpointSpec.autoscaling`` the plan also registers the variant with Application Auto Scaling once the endpoint
+is InService (``scaling.py``).
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ from typing import Callable, Mapping
 from ..errors import AwsError, UsageError
 from ..instances import HostingInstance
 from .aws import aws_errors
+from .calls import ApiCall, run
 from .images import ImageChoice, resolve_image
+from .scaling import SERVICE as AUTOSCALING, Autoscaling, variant_resource
 from .upload import S3Uri, list_keys
 
 NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 ROLE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:role/[\w+=,.@/-]+")
 AWS_CREDENTIAL_ENV = frozenset({"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN",
                                 "AWS_SECURITY_TOKEN"})
-SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|CREDENTIAL|PRIVATE|API_?KEY|ACCESS_?KEY", re.IGNORECASE)
 VARIANT = "AllTraffic"
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_VOLUME_GB = 256
@@ -57,19 +60,8 @@ class EndpointSpec:
     startup_timeout: int = DEFAULT_TIMEOUT_S
     #: VolumeSizeInGB, 1-512, only on instances without local NVMe; None: DEFAULT_VOLUME_GB there.
     volume_size: int | None = None
-
-
-@dataclass(frozen=True)
-class ApiCall:
-    """One boto3 ``sagemaker`` client call: method name and keyword arguments."""
-
-    method: str
-    params: dict
-
-    def as_json(self) -> dict:
-        """The call for printing: values of secret-looking environment variables are masked."""
-        return {"service": "sagemaker", "method": self.method,
-                "operation": "".join(part.title() for part in self.method.split("_")), "params": _masked(self.params)}
+    #: Instances scale between its bounds (Application Auto Scaling), once the endpoint is InService.
+    autoscaling: Autoscaling | None = None
 
 
 @dataclass(frozen=True)
@@ -80,11 +72,16 @@ class DeployPlan:
     artifact: S3Uri
     image: ImageChoice
     calls: tuple[ApiCall, ...]
+    #: Application Auto Scaling calls, made once the endpoint is InService.
+    scaling: tuple[ApiCall, ...] = ()
 
     def as_json(self) -> dict:
-        return {"region": self.spec.region, "image": {"uri": self.image.uri, "source": self.image.source},
+        plan = {"region": self.spec.region, "image": {"uri": self.image.uri, "source": self.image.source},
                 "calls": [call.as_json() for call in self.calls],
                 "then": f"describe_endpoint(EndpointName={self.spec.name!r}) until EndpointStatus is InService"}
+        if self.scaling:
+            plan["when_in_service"] = [call.as_json() for call in self.scaling]
+        return plan
 
 
 def default_name(artifact: str, now: datetime | None = None) -> str:
@@ -97,7 +94,18 @@ def default_name(artifact: str, now: datetime | None = None) -> str:
 
 def plan_deployment(spec: EndpointSpec) -> DeployPlan:
     """The calls for ``spec``; validates every field first (UsageError naming the option). No AWS call."""
-    _validate(spec)
+    validate(spec)
+    artifact, host, image, model = model_call(spec, spec.name)
+    calls = (model,
+             ApiCall("create_endpoint_config", {"EndpointConfigName": spec.name,
+                                                "ProductionVariants": [_variant(spec, host)]}),
+             ApiCall("create_endpoint", {"EndpointName": spec.name, "EndpointConfigName": spec.name}))
+    scaling = spec.autoscaling.calls(variant_resource(spec.name, VARIANT), "variant") if spec.autoscaling else ()
+    return DeployPlan(spec, artifact, image, calls, scaling)
+
+
+def model_call(spec: EndpointSpec, model_name: str) -> tuple[S3Uri, HostingInstance, ImageChoice, ApiCall]:
+    """The artifact, the instance, the image and the ``create_model`` call for ``spec``."""
     artifact = S3Uri.parse(spec.artifact, "--artifact")
     if not (artifact.is_prefix or artifact.key.endswith(".tar.gz")):
         raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
@@ -112,12 +120,9 @@ def plan_deployment(spec: EndpointSpec) -> DeployPlan:
         container["ModelDataUrl"] = str(artifact)
     if spec.environment:
         container["Environment"] = dict(spec.environment)
-    calls = (ApiCall("create_model", {"ModelName": spec.name, "ExecutionRoleArn": spec.role,
-                                      "PrimaryContainer": container}),
-             ApiCall("create_endpoint_config", {"EndpointConfigName": spec.name,
-                                                "ProductionVariants": [_variant(spec, host)]}),
-             ApiCall("create_endpoint", {"EndpointName": spec.name, "EndpointConfigName": spec.name}))
-    return DeployPlan(spec, artifact, image, calls)
+    call = ApiCall("create_model", {"ModelName": model_name, "ExecutionRoleArn": spec.role,
+                                    "PrimaryContainer": container})
+    return artifact, host, image, call
 
 
 def _variant(spec: EndpointSpec, host: HostingInstance) -> dict:
@@ -125,16 +130,21 @@ def _variant(spec: EndpointSpec, host: HostingInstance) -> dict:
                "InitialInstanceCount": spec.instance_count,
                "ModelDataDownloadTimeoutInSeconds": spec.download_timeout,
                "ContainerStartupHealthCheckTimeoutInSeconds": spec.startup_timeout}
+    return {**variant, **volume(spec, host)}
+
+
+def volume(spec: EndpointSpec, host: HostingInstance) -> dict:
+    """``VolumeSizeInGB`` where the instance takes one (EBS-only families), else nothing."""
     if host.accepts_volume_size:
-        variant["VolumeSizeInGB"] = spec.volume_size or DEFAULT_VOLUME_GB
-    elif spec.volume_size is not None:
+        return {"VolumeSizeInGB": spec.volume_size or DEFAULT_VOLUME_GB}
+    if spec.volume_size is not None:
         raise UsageError(f"--volume-size cannot be set on {spec.instance}: the {host.family} family has local NVMe "
                          "storage, which SageMaker uses instead of an EBS volume",
                          hint="drop --volume-size (see docs/sagemaker.md, 'Storage')")
-    return variant
+    return {}
 
 
-def _validate(spec: EndpointSpec) -> None:
+def validate(spec: EndpointSpec) -> None:
     if not NAME.fullmatch(spec.name):
         raise UsageError(f"--name {spec.name!r} is not a valid SageMaker name",
                          hint="1-63 letters, digits and hyphens, starting with a letter or digit")
@@ -148,6 +158,12 @@ def _validate(spec: EndpointSpec) -> None:
         if value is not None and not low <= value <= high:
             raise UsageError(f"{option} {value} is out of range", hint=f"allowed: {low} to {high}")
     _validate_environment(spec.environment)
+    scaling = spec.autoscaling
+    if scaling:
+        scaling.validate()
+        if not scaling.minimum <= spec.instance_count <= scaling.maximum:
+            raise UsageError(f"--instance-count {spec.instance_count} is outside --autoscale "
+                             f"{scaling.minimum}:{scaling.maximum}", hint="start within the bounds autoscaling keeps")
 
 
 def _validate_environment(environment: Mapping[str, str]) -> None:
@@ -162,18 +178,6 @@ def _validate_environment(environment: Mapping[str, str]) -> None:
             raise UsageError(f"--env {key[:40]!r}: names and values must be 1 to 1024 bytes")
     if sum(len(k.encode()) + len(v.encode()) for k, v in environment.items()) > 32 * 1024:
         raise UsageError("--env: the environment exceeds SageMaker's 32 KB limit")
-
-
-def _masked(value):
-    if isinstance(value, dict):
-        return {k: _mask_env(v) if k == "Environment" else _masked(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_masked(v) for v in value]
-    return value
-
-
-def _mask_env(environment: dict) -> dict:
-    return {k: "****" if SECRET_NAME.search(k) else v for k, v in environment.items()}
 
 
 # --- talking to AWS -------------------------------------------------------------------------------
@@ -229,26 +233,31 @@ UNDO = {"create_model": ("delete_model", "ModelName"),
 
 def create(sm, plan: DeployPlan, on_step: Callable[[str], None] | None = None) -> str:
     """Make the plan's calls; returns the endpoint ARN. If a call fails, what this run created is deleted."""
+    return create_all(sm, plan.calls, on_step).get("EndpointArn", "")
+
+
+def create_all(sm, calls, on_step: Callable[[str], None] | None = None) -> dict:
+    """Make ``calls`` in order; returns the last answer. If one fails, the models and endpoint configs made by the
+    earlier ones are deleted (the error's hint says so)."""
     done: list[ApiCall] = []
     answer: dict = {}
     try:
-        for call in plan.calls:
-            with aws_errors(call.method.replace("_", " ") + f" {plan.spec.name}"):
-                answer = getattr(sm, call.method)(**call.params)
+        for call in calls:
+            answer = run({"sagemaker": sm}, [call], on_step)[0]
             done.append(call)
-            if on_step:
-                on_step(f"{call.method}: {plan.spec.name}")
     except AwsError as exc:
         undone = _undo(sm, done)
         if undone:
             exc.hint = f"{exc.hint + '; ' if exc.hint else ''}removed what this run created: {', '.join(undone)}"
         raise
-    return answer.get("EndpointArn", "")
+    return answer
 
 
 def _undo(sm, done: list[ApiCall]) -> list[str]:
     undone = []
     for call in reversed(done):
+        if call.method not in UNDO:
+            continue
         method, param = UNDO[call.method]
         try:
             with aws_errors(f"{method} {call.params[param]}"):
@@ -287,13 +296,18 @@ def wait_in_service(sm, name: str, timeout_s: float = 3600, poll_s: float = 30,
 
 def deploy(sm, s3, plan: DeployPlan, wait: bool = True, timeout_s: float = 3600, poll_s: float = 30,
            on_step: Callable[[str], None] | None = None, on_status: StatusCallback | None = None,
-           check: bool = True) -> dict:
-    """Check, create, and (``wait``) wait until InService; returns the last ``describe_endpoint`` answer
-    (or ``{"EndpointArn"}`` without waiting)."""
+           check: bool = True, autoscaling=None) -> dict:
+    """Check, create, and (``wait``) wait until InService, then apply the plan's autoscaling with the
+    ``autoscaling`` client; returns the last ``describe_endpoint`` answer (or ``{"EndpointArn"}`` without waiting)."""
+    if plan.scaling and not wait:
+        raise UsageError("--autoscale needs --wait: the variant can be registered only once the endpoint is "
+                         "InService", hint="drop --no-wait, or add autoscaling later")
     if check:
         check_artifact(s3, plan.artifact, plan.spec.region)
         check_names_free(sm, plan.spec.name)
     arn = create(sm, plan, on_step)
     if not wait:
         return {"EndpointArn": arn, "EndpointName": plan.spec.name}
-    return wait_in_service(sm, plan.spec.name, timeout_s, poll_s, on_status)
+    description = wait_in_service(sm, plan.spec.name, timeout_s, poll_s, on_status)
+    run({AUTOSCALING: autoscaling}, plan.scaling, on_step)
+    return description

@@ -57,11 +57,17 @@ class Reply:
     text: str
 
 
-def invoke(runtime, endpoint: str, payload: Mapping, accept: str = JSON, raw: bool = False) -> Reply:
-    """``invoke_endpoint`` with a JSON body; ``ModelFailed`` if the answer reports an error (never with ``raw``,
-    which returns the body unread)."""
-    with aws_errors(f"invoking endpoint {endpoint}"):
-        response = runtime.invoke_endpoint(EndpointName=endpoint, Body=json.dumps(payload),
+def _target(endpoint: str, component: str | None) -> dict:
+    """The endpoint, and the inference component when one is named (header X-Amzn-SageMaker-Inference-Component)."""
+    return {"EndpointName": endpoint, **({"InferenceComponentName": component} if component else {})}
+
+
+def invoke(runtime, endpoint: str, payload: Mapping, accept: str = JSON, raw: bool = False,
+           component: str | None = None) -> Reply:
+    """``invoke_endpoint`` with a JSON body (to ``component`` on the endpoint when given); ``ModelFailed`` if the
+    answer reports an error (never with ``raw``, which returns the body unread)."""
+    with aws_errors(f"invoking endpoint {endpoint}" + (f" component {component}" if component else "")):
+        response = runtime.invoke_endpoint(**_target(endpoint, component), Body=json.dumps(payload),
                                            ContentType=JSON, Accept=accept)
         body = response["Body"].read()
     content_type = response.get("ContentType", "")
@@ -131,10 +137,13 @@ class TokenStream:
             raise from_client_error(exc, "reading the stream") from None
 
 
-def invoke_stream(runtime, endpoint: str, payload: Mapping, accept: str = JSONLINES) -> TokenStream:
-    """Start ``invoke_endpoint_with_response_stream``; iterate the result for tokens. ``payload`` should ask for
-    a stream (``"stream": true``), as LMI otherwise answers in one piece."""
-    with aws_errors(f"invoking endpoint {endpoint} with response streaming"):
-        response = runtime.invoke_endpoint_with_response_stream(EndpointName=endpoint, Body=json.dumps(payload),
-                                                                ContentType=JSON, Accept=accept)
+def invoke_stream(runtime, endpoint: str, payload: Mapping, accept: str = JSONLINES,
+                  component: str | None = None) -> TokenStream:
+    """Start ``invoke_endpoint_with_response_stream`` (to ``component`` when given); iterate the result for tokens.
+    ``payload`` should ask for a stream (``"stream": true``), as LMI otherwise answers in one piece."""
+    with aws_errors(f"invoking endpoint {endpoint}" + (f" component {component}" if component else "")
+                    + " with response streaming"):
+        response = runtime.invoke_endpoint_with_response_stream(**_target(endpoint, component),
+                                                                Body=json.dumps(payload), ContentType=JSON,
+                                                                Accept=accept)
     return TokenStream(response, _api(payload))

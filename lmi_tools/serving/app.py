@@ -11,13 +11,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import socket
 import time
 from typing import Any, AsyncIterator, Sequence
 
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
+from fastapi_offline import FastAPIOffline
 
+from ..errors import UsageError
 from .metrics import Metrics
 from .routes import inference, management, metrics, openai, page, sagemaker_runtime, tgi
 from .routes.relay import HttpError, djl_error
@@ -79,8 +82,10 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
         if owns_store:
             await asyncio.to_thread(store.close)
 
-    app = FastAPI(title="lmi serve", description="A local DJLServing-compatible server for lmi_handlers models.",
-                  lifespan=lifespan)
+    # FastAPIOffline serves the /docs and /redoc pages' scripts itself: FastAPI's load them from a CDN, which leaves
+    # the page blank on a machine without internet.
+    app = FastAPIOffline(title="lmi serve", lifespan=lifespan,
+                         description="A local DJLServing-compatible server for lmi_handlers models.")
     app.state.store = store
     app.state.metrics = Metrics(store)
     app.add_exception_handler(HttpError, _on_http_error)
@@ -99,17 +104,33 @@ class _Listener(uvicorn.Server):
         yield
 
 
-def serve(listeners: Sequence[tuple[FastAPI, str, int]], log_level: str) -> None:
-    """Run one uvicorn server per (app, host, port) until the first stops (Ctrl-C); then stop the others."""
-    configs = [uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, host, port in listeners]
+def listen(host: str, port: int) -> socket.socket:
+    """Bind ``host:port`` now, before any model loads, so that a port in use is a usage error at once."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port at once
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
+                         hint="another server may be using it: pass --port N (and --management-port M), or stop "
+                              "that server") from None
+    return sock
+
+
+def serve(listeners: Sequence[tuple[FastAPI, socket.socket]], log_level: str) -> None:
+    """Run one uvicorn server per (app, bound socket) until the first stops (Ctrl-C); then stop the others."""
+    configs = [uvicorn.Config(app, log_level=log_level, access_log=False,
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, _ in listeners]
     servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
+    sockets = [sock for _, sock in listeners]
 
     async def main() -> None:
         async def first() -> None:
-            await servers[0].serve()
+            await servers[0].serve(sockets=[sockets[0]])
             for other in servers[1:]:
                 other.should_exit = True
-        await asyncio.gather(first(), *(server.serve() for server in servers[1:]))
+        await asyncio.gather(first(), *(server.serve(sockets=[sock]) for server, sock in zip(servers[1:],
+                                                                                               sockets[1:])))
 
     asyncio.run(main())

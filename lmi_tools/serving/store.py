@@ -72,6 +72,8 @@ class ServerConfig:
     model_url_pattern: str | None = None
     #: Largest SageMaker PayloadPart in bytes (0: one part per chunk); small values test clients' reassembly.
     sagemaker_part_size: int = 0
+    #: The SageMaker endpoint the Runtime paths play, its models being inference components (None: any name).
+    sagemaker_endpoint: str | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServerConfig":

@@ -13,10 +13,10 @@ from pathlib import Path
 
 from lmi_handlers.config import ConfigError, parse_bool
 
-from .entry_point import resolve
+from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from .runtime import hf_quantize, ignored_options
+from .runtime import CONTAINER_MODEL_DIR, hf_quantize, ignored_options
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -52,16 +52,18 @@ def run_checks(target: Target) -> list[Finding]:
     return findings
 
 
-def check_entry_point(target: Target) -> Finding:
-    root = target.model_dir
-
+def entry_point_of(model_dir: Path, props: dict[str, str]) -> EntryPoint:
     def exists(rel: str) -> bool:
-        return (root / rel).is_file()
+        return (model_dir / rel).is_file()
 
     def read(rel: str) -> str:
-        return (root / rel).read_text(encoding="utf-8", errors="replace")
+        return (model_dir / rel).read_text(encoding="utf-8", errors="replace")
 
-    result = resolve(target.props.get("entryPoint"), exists, read, runtime_vendored=False)
+    return resolve(props.get("entryPoint"), exists, read, runtime_vendored=False)
+
+
+def check_entry_point(target: Target) -> Finding:
+    result = entry_point_of(target.model_dir, target.props)
     engine = target.props.get("engine")
     if result.ok and engine not in (None, "Python"):
         return Finding("error", "entry point", f"engine={engine}: only the Python engine runs lmi_handlers",
@@ -102,6 +104,11 @@ def check_model_source(target: Target) -> Finding:
         return Finding("info", "weights", f"DJLServing downloads {model_id} before the handler loads")
     if Path(resolved).is_dir():
         return Finding("ok", "weights", f"local directory {resolved}")
+    if Path(model_id).is_absolute():
+        return Finding("warning", "weights", f"{model_id} is an absolute path that does not exist on this machine; "
+                       "the handler loads it only if it exists in the container (it is not a hub id)",
+                       f"use a path relative to the model directory, or {CONTAINER_MODEL_DIR}/... for the model "
+                       "directory as the container mounts it")
     return Finding("info", "weights", f"{model_id} is downloaded from the Hugging Face hub at load time",
                    "the container needs internet access (and HF_TOKEN for gated models), or give a local "
                    "directory or s3:// prefix")

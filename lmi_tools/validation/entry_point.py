@@ -20,6 +20,8 @@ class EntryPoint:
     ok: bool
     detail: str
     hint: str = ""
+    #: model.py defines handle() itself: lmi_handlers' option rules do not apply to it.
+    own_handle: bool = False
 
 
 def module_files(module: str) -> tuple[str, str]:
@@ -78,7 +80,7 @@ def _check_file(entry: str, exists: Callable[[str], bool], read: Callable[[str],
         return EntryPoint(False, f"{path} neither defines nor imports handle()",
                           f"model.py should contain: from {RUNTIME_ENTRY} import handle")
     if origin == "<defined>":
-        return EntryPoint(True, f"{path} defines its own handle()")
+        return EntryPoint(True, f"{path} defines its own handle()", own_handle=True)
     return _check_module(origin, exists, runtime_vendored, via=path)
 
 

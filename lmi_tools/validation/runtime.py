@@ -17,11 +17,19 @@ from lmi_handlers.backends.neuronx_options import CompileSettings, NeuronxOption
 from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
 
 
+# Where SageMaker and `docker run -v` put the model directory inside the container.
+CONTAINER_MODEL_DIR = "/opt/ml/model"
+
+
 def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
     """``HandlerConfig`` as the handler builds it in the container; raises ``ConfigError``."""
     props = {**props, "model_dir": model_dir}
-    if props.get("model_id", "").startswith("s3://"):
+    model_id = props.get("model_id", "")
+    if model_id.startswith("s3://"):
         props["model_id"] = model_dir  # DJLServing downloads it and hands the handler the local directory
+    elif model_id == CONTAINER_MODEL_DIR or model_id.startswith(CONTAINER_MODEL_DIR + "/"):
+        # the container's own path to the model directory: here, that directory is model_dir
+        props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
     with quiet("lmi_handlers.config"):
         return HandlerConfig.from_properties(props)
 

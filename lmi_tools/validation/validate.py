@@ -16,12 +16,11 @@ from typing import Any
 from lmi_handlers.backends.neuronx_options import CompileSettings
 from lmi_handlers.config import ConfigError
 
-from ..errors import UsageError
 from ..instances import lookup
-from ..modeldir.properties import init_properties, parse_directives, parse_properties, read_text
+from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
-from .checks import run_checks
+from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
 from .runtime import handler_config, hf_quantize, neuronx_plan
@@ -81,20 +80,20 @@ def _describe(target: Target) -> str:
 def load_target(model_dir: Path, instance: str | None, config_path: str | Path | None) -> tuple[Target, list[Finding]]:
     """Read the inputs; problems that stop individual checks become findings, not exceptions."""
     text = read_text(model_dir / "serving.properties")
-    directives = parse_directives(text)
-    name = instance or directives.get("instance_type")
-    if not name:
-        raise UsageError(f"no instance type for {model_dir}",
-                         hint="pass --instance TYPE (e.g. inf2.xlarge), or add a line "
-                              "'# lmi: instance_type=TYPE' to serving.properties (lmi render writes it)")
+    name = instance_type(model_dir, text, instance)
     target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
                     instance=lookup(name), non_ascii=not text.isascii())
     findings: list[Finding] = []
     try:
         target.config = handler_config(target.props, str(target.model_dir))
     except ConfigError as exc:
-        findings.append(Finding("error", "properties", str(exc),
-                                "fix this first: the handler would refuse to load with it"))
+        if entry_point_of(target.model_dir, target.props).own_handle:
+            findings.append(Finding("info", "properties", f"{exc} for lmi_handlers, but model.py defines its own "
+                                    "handle(), which reads the properties itself; the hardware checks need "
+                                    "lmi_handlers' options, so they are skipped"))
+        else:
+            findings.append(Finding("error", "properties", str(exc),
+                                    "fix this first: the handler would refuse to load with it"))
         return target, findings
     if target.config.backend != "scripted":  # the scripted backend has no weights to size
         findings.extend(_load_architecture(target, config_path))
@@ -120,7 +119,12 @@ def _load_architecture(target: Target, config_path: str | Path | None) -> list[F
     if bundled:
         _read_architecture(target, bundled, f"the bundled reference config of {model_id}")
         return []
-    where = "model_id is a hub id we ship no config for" if model_id else "the model directory has no config.json"
+    if local.is_dir():
+        where = f"{local} has no config.json"
+    elif local.is_absolute():
+        where = f"model_id {model_id} is an absolute path that does not exist here"
+    else:
+        where = "model_id is a hub id we ship no config for"
     return [Finding("error", "architecture", f"cannot find the model's config.json ({where}), so heads, memory "
                     "and positions cannot be checked", "pass --config PATH/TO/config.json")]
 

@@ -107,3 +107,9 @@ def test_request_limits_come_from_options(tmp_path):
     with pytest.raises(ConfigError, match="max_prompts_per_request='0'"):
         HandlerConfig.from_properties({"model_dir": str(tmp_path), "max_prompts_per_request": "0"})
     assert check_unknown_keys({"max_prompt_chars": "5", "max_prompts_per_request": "2"}) == []
+
+
+def test_suggestions_are_spelled_as_serving_properties_writes_them():
+    warnings = check_unknown_keys({"batchsize": "4", "max_batch_dely": "100"})
+    assert any(w.endswith("did you mean batch_size?") for w in warnings)
+    assert any(w.endswith("did you mean max_batch_delay?") for w in warnings)

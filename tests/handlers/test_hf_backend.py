@@ -164,11 +164,13 @@ def test_legacy_schema_counts_the_prompt_in_seq_length(handler, reference):
     tokenizer, _ = reference
     code, body = ask(handler, {"text": ["Hello world", "A"], "seq_length": 12})
     assert code == 200
-    texts = json.loads(body)
+    texts = json.loads(body)["outputs"]  # the inf2 examples' own handle() answers {"outputs": [...]}
     for prompt, text in zip(["Hello world", "A"], texts):
         ids = tokenizer(prompt).input_ids
         want = expected_ids(reference, ids, 12 - len(ids))
         assert text == prompt + tokenizer.decode(want, skip_special_tokens=True)
+    code, body = ask(handler, {"text": "A", "seq_length": 12})
+    assert code == 200 and json.loads(body) == {"outputs": [texts[1]]}
     code, body = ask(handler, {"text": "Hello world", "seq_length": 3})
     assert code == 400 and "seq_length" in json.loads(body)["error"]
 

@@ -48,7 +48,17 @@ def test_missing_credentials_are_one_line_with_a_hint(capsys, monkeypatch):
     assert code == AwsError.exit_code
     assert err.splitlines() == ["error: describe endpoint llama failed: no AWS credentials were found",
                                 "hint: configure credentials (aws configure, aws sso login, AWS_PROFILE, or "
-                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); --dry-run needs none"]
+                                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY); the --dry-run of deploy, delete "
+                                "and optimize start needs none"]
+
+
+def test_invoke_without_credentials_suggests_no_option_it_lacks(capsys, monkeypatch):
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID")
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")
+    code, _, err = run(capsys, "invoke", "llama", "--prompt", "hi")
+    assert code == AwsError.exit_code and "no AWS credentials were found" in err
+    assert "--dry-run of deploy, delete and optimize start" in err
 
 
 def test_aws_errors_keep_the_secret_out(capsys, monkeypatch, aws):

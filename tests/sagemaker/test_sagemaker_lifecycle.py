@@ -3,11 +3,13 @@
 import io
 import tarfile
 
+import boto3
 import pytest
 
 from lmi_tools.errors import AwsError, UsageError
 from lmi_tools.sagemaker import deploy as deploy_lib
 from lmi_tools.sagemaker.delete import delete, plan_teardown
+from lmi_tools.sagemaker.scaling import Autoscaling
 from lmi_tools.sagemaker.upload import plan_upload, upload
 
 from .conftest import BUCKET
@@ -24,14 +26,15 @@ def tarball(path):
     return path
 
 
-def deployed(aws, source, destination, name="tiny"):
+def deployed(aws, source, destination, name="tiny", autoscaling=None, client=None):
     s3, sm = aws
     plan = upload(s3, plan_upload(source, destination))
     spec = deploy_lib.EndpointSpec(artifact=str(plan.uri), instance="ml.g4dn.xlarge", role=ROLE, name=name,
-                                 region="us-east-1", environment={"OPTION_DTYPE": "fp32"})
+                                 region="us-east-1", environment={"OPTION_DTYPE": "fp32"}, autoscaling=autoscaling)
     steps = []
-    description = deploy_lib.deploy(sm, s3, deploy_lib.plan_deployment(spec), poll_s=0, on_step=steps.append)
-    assert description["EndpointStatus"] == "InService" and len(steps) == 3
+    description = deploy_lib.deploy(sm, s3, deploy_lib.plan_deployment(spec), poll_s=0, on_step=steps.append,
+                                    autoscaling=client)
+    assert description["EndpointStatus"] == "InService" and len(steps) == (5 if autoscaling else 3)
     return plan
 
 
@@ -45,8 +48,8 @@ def test_tarball_lifecycle(aws, tmp_path):
     assert variant["ModelDataDownloadTimeoutInSeconds"] == 1800 and "VolumeSizeInGB" not in variant  # g4dn: NVMe
 
     teardown = plan_teardown(sm, "tiny", config=True, model=True, artifacts=True)
-    assert teardown.as_json() == {"endpoint": "tiny", "endpoint_config": "tiny", "models": ["tiny"],
-                                  "artifacts": [str(plan.uri)]}
+    assert teardown.as_json() == {"scaling": [], "components": [], "endpoint": "tiny", "endpoint_config": "tiny",
+                                  "models": ["tiny"], "artifacts": [str(plan.uri)]}
     done = []
     delete(sm, s3, teardown, done.append)
     assert done == ["deleted endpoint tiny", "deleted endpoint config tiny", "deleted model tiny",
@@ -106,3 +109,29 @@ def test_a_model_on_a_whole_bucket_is_not_emptied(aws):
     sm.create_endpoint(EndpointName="wide", EndpointConfigName="wide")
     with pytest.raises(UsageError, match="whole bucket"):
         plan_teardown(sm, "wide", artifacts=True)
+
+
+def test_autoscaling_lifecycle_registers_the_variant_and_delete_removes_policy_and_target_first(aws, tmp_path):
+    """moto emulates Application Auto Scaling for endpoint variants (not for inference components)."""
+    s3, sm = aws
+    scaling = boto3.client("application-autoscaling", region_name="us-east-1")
+    deployed(aws, tarball(tmp_path / "model.tar.gz"), f"s3://{BUCKET}/lmi/", autoscaling=Autoscaling(
+        1, 3, 4.0, "invocations", scale_in_cooldown=900), client=scaling)
+    resource = "endpoint/tiny/variant/AllTraffic"
+    [target] = scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]
+    assert (target["ResourceId"], target["ScalableDimension"], target["MinCapacity"], target["MaxCapacity"]) == \
+        (resource, "sagemaker:variant:DesiredInstanceCount", 1, 3)
+    [policy] = scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"]
+    tracking = policy["TargetTrackingScalingPolicyConfiguration"]
+    assert policy["PolicyName"] == "lmi-invocations-target-tracking" and tracking["TargetValue"] == 4.0
+    assert tracking["PredefinedMetricSpecification"] == {"PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"}
+    assert (tracking["ScaleInCooldown"], tracking["ScaleOutCooldown"]) == (900, 300)
+
+    teardown = plan_teardown(sm, "tiny", config=True, model=True, artifacts=True, autoscaling=scaling)
+    done = []
+    delete(sm, s3, teardown, done.append, autoscaling=scaling)
+    assert done[:3] == ["delete_scaling_policy: lmi-invocations-target-tracking",
+                        f"deregister_scalable_target: {resource}", "deleted endpoint tiny"]
+    assert scaling.describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"] == []
+    assert scaling.describe_scaling_policies(ServiceNamespace="sagemaker")["ScalingPolicies"] == []
+    assert sm.list_endpoints()["Endpoints"] == [] and sm.list_models()["Models"] == []

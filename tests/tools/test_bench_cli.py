@@ -68,3 +68,16 @@ def test_serve_finds_the_models_tokenizer(tmp_path, model_id, expected):
     (tmp_path / "serving.properties").write_text("engine=Python\n" + (f"option.model_id={value}\n" if value else ""))
     found = tokenizer_dir(tmp_path)
     assert found == (None if expected is None else (tmp_path / expected if expected != "." else tmp_path))
+
+
+def test_a_dead_port_is_one_error_before_anything_is_sent(tmp_path, capsys):
+    output = tmp_path / "report"
+    assert main(["bench", URL, "-n", "4", "--no-progress", "--output", str(output)]) == 1
+    err = capsys.readouterr().err
+    assert "cannot connect to 127.0.0.1:9" in err and "nothing was sent" in err
+    assert not output.exists()
+
+
+def test_prompt_tokens_without_a_tokenizer_warns_that_they_are_words(tmp_path, capsys):
+    main(["bench", URL, "--prompt-tokens", "32", "--no-progress", "--output", str(tmp_path)])
+    assert "--prompt-tokens 32 means 32 words" in capsys.readouterr().err

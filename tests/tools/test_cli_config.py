@@ -25,7 +25,7 @@ def test_every_command_is_registered_once():
     from lmi_tools.cli import app
 
     names = [command.name for command in app.registered_commands]
-    assert len(names) == len(set(names)) == 15
+    assert len(names) == len(set(names)) == 18
     assert [group.name for group in app.registered_groups] == ["optimize"]
 
 

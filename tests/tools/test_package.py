@@ -282,3 +282,21 @@ def test_sparse_files_and_outside_weights_are_warned_about(model, tmp_path):
     (model / "hole.bin").unlink()
     (model / "serving.properties").write_text(PROPERTIES + "option.model_id=./tokenizer\n")
     assert build(model, None, tmp_path / "tree2", validate=False).warnings == []
+
+
+def test_build_reports_progress_for_every_byte_of_each_output(tmp_path):
+    from lmi_tools.packaging.package import build
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "serving.properties").write_text("engine=Python\noption.entryPoint=lmi_handlers.entrypoint\n")
+    (model / "weights.bin").write_bytes(os.urandom(3 << 20))
+    calls: list[tuple[int, int]] = []
+    artifact = build(model, tmp_path / "model.tar.gz", tmp_path / "tree", validate=False,
+                     progress=lambda done, total: calls.append((done, total)))
+    starts = [i for i, (done, _) in enumerate(calls) if done == 0]
+    assert len(starts) == 2  # the tarball, then the tree
+    for start, end in zip(starts, starts[1:] + [len(calls)]):
+        total = calls[start][1]
+        assert total == artifact.total_bytes and sum(done for done, _ in calls[start:end]) == total
+    assert len(calls) > 10  # the 3 MB file is reported in blocks, not at the end

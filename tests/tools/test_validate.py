@@ -343,3 +343,46 @@ def test_hf_int8_weights_count_in_the_memory_fit_and_a_wrong_method_is_an_error(
                                       name="awq"))
     [error] = [f for f in awq.errors if f.check == "dtype"]
     assert "option.quantize='awq' is invalid" in error.message and "static_int8" in error.message
+
+
+# The original inf2 example: a model.py with its own handle() that reads option.dtype=f16 (amp style) itself.
+OWN_HANDLE = '''from djl_python import Input, Output
+
+
+def handle(inputs: Input):
+    if inputs.is_empty():
+        return None
+    return Output().add_as_json({"outputs": [inputs.get_as_json()["text"]]})
+'''
+
+
+def test_own_handle_reads_its_own_dtype_so_validate_package_and_inspect_accept_it(tmp_path):
+    from lmi_tools.packaging.artifact import inspect_artifact
+    from lmi_tools.packaging.package import build
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "serving.properties").write_text("engine=Python\noption.tensor_parallel_degree=2\noption.dtype=f16\n"
+                                              "option.n_positions=128\nbatch_size=4\n")
+    (model / "model.py").write_text(OWN_HANDLE)
+    report = validate_model_dir(model, "inf2.xlarge")
+    assert report.ok and any("defines its own handle()" in f.message for f in report.findings if f.level == "info")
+    build(model, tmp_path / "model.tar.gz", None, instance="inf2.xlarge")
+    inspected = inspect_artifact(tmp_path / "model.tar.gz")
+    assert inspected.ok and any("own handle() reads it" in note for note in inspected.notes)
+
+
+def test_lmi_handlers_entry_point_still_refuses_f16(tmp_path):
+    model = make_dir(tmp_path, {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint",
+                                "option.dtype": "f16"}, instance="inf2.xlarge")
+    report = validate_model_dir(model)
+    assert not report.ok and "option.dtype='f16' is invalid" in report.findings[0].message
+
+
+def test_container_model_path_is_the_model_directory_and_other_absolute_paths_are_not_hub_ids(tmp_path):
+    model = make_dir(tmp_path, {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint",
+                                "option.model_id": "/nowhere/llama"}, instance="inf2.xlarge")
+    report = validate_model_dir(model)
+    weights = by_check(report, "weights")
+    assert weights[0].level == "warning" and "absolute path that does not exist" in weights[0].message
+    assert all("hub" not in f.message for f in report.findings if f.level == "error")

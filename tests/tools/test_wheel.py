@@ -14,7 +14,8 @@ import pytest
 from lmi_tools.modeldir.spec import tomllib
 
 ROOT = Path(__file__).resolve().parents[2]
-SOURCES = ("pyproject.toml", "README.md", "lmi_handlers", "lmi_tools", "model_templates", "serving_properties")
+SOURCES = ("pyproject.toml", "README.md", "lmi_handlers", "lmi_tools", "model_templates", "serving_properties",
+           "deploy")
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +50,9 @@ def test_templates_presets_and_configs_are_in_the_wheel(wheel):
         assert f"lmi_tools/serving_properties/{spec.parent.name}/spec.toml" in names
     for config in (ROOT / "serving_properties" / "model_configs").glob("*.json"):
         assert f"lmi_tools/serving_properties/model_configs/{config.name}" in names
+    assert "lmi_tools/deploy/chat-host.yaml" in names  # lmi chat-stack's template
+    for page in ("index.html", "chat.js", "chat.css"):  # the chat page
+        assert f"lmi_tools/serving/page/{page}" in names
 
 
 def test_every_module_is_in_the_wheel(wheel):

@@ -104,9 +104,9 @@ async def _read(pending: PendingRequest, count: Callable[[Result], None]) -> Asy
         async for chunk in _chunks(pending):
             *lines, buffer = (buffer + chunk.data).split(b"\n")
             for line in lines:
-                for item in _items(line, seen_tokens, count):
+                for item in line_items(line, seen_tokens, count):
                     yield item
-        for item in _items(buffer, seen_tokens, count):  # a JSON answer has no newline at its end
+        for item in line_items(buffer, seen_tokens, count):  # a JSON answer has no newline at its end
             yield item
         finished = True
     finally:
@@ -114,7 +114,9 @@ async def _read(pending: PendingRequest, count: Callable[[Result], None]) -> Asy
             pending.cancelled = True  # the client went away: free the sequence's slot at the next step
 
 
-def _items(line: bytes, seen_tokens: set[int], count: Callable[[Result], None]) -> list[Item]:
+def line_items(line: bytes, seen_tokens: set[int], count: Callable[[Result], None]) -> list[Item]:
+    """The items of one line of a model's answer (``seen_tokens``: the prompts whose tokens came one by one, so
+    that a final ``details.tokens`` is not read twice; ``count`` sees each ``Result``)."""
     text = line.decode("utf-8", "replace").strip()
     if text.startswith("data:"):
         text = text[5:].strip()

@@ -29,7 +29,9 @@ PREFIX = "/v1/"
 
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
                      "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
-                     "suffix", "logit_bias")
+                     "suffix", "logit_bias",
+                     # vLLM's extensions, which benchmark clients send (the chat schema takes them too)
+                     "top_k", "repetition_penalty", "ignore_eos")
 NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
            "logit_bias": ({},)}
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
@@ -97,7 +99,8 @@ async def completions(request: Request, store: Store) -> Response:
     parameters = {"max_new_tokens": body.get("max_tokens", 16), "details": True,
                   "do_sample": isinstance(temperature, (int, float)) and temperature > 0,
                   "temperature": temperature, "return_full_text": body.get("echo", False),
-                  **{k: body[k] for k in ("top_p", "stop", "seed") if k in body}}
+                  **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
+                     if k in body}}
     items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
                            stream=stream is True)
     completion = _Completion(model.name, body)

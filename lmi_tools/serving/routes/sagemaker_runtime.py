@@ -3,6 +3,11 @@
 An unmodified boto3 ``sagemaker-runtime`` client works against them with ``endpoint_url``: rest-json
 errors (``x-amzn-ErrorType``), a model's own error as SageMaker's 424 ``ModelError``, and the stream
 in AWS event-stream framing (``eventstream.py``).
+
+Inference components: boto3 sends ``InferenceComponentName`` as the ``X-Amzn-SageMaker-Inference-Component``
+header, which picks the model of that name. With ``lmi serve --endpoint NAME`` the server plays an endpoint of
+inference components called NAME: other endpoint names are not found, and a request without the header is
+refused, as on SageMaker, where an endpoint's name is never one of its components' names.
 """
 
 from __future__ import annotations
@@ -21,11 +26,12 @@ from ..store import ModelStore
 from .relay import RAW_BODY, Store, started, submit
 
 router = APIRouter(tags=["sagemaker-runtime"])
+COMPONENT_HEADER = "x-amzn-sagemaker-inference-component"
 
 
 @router.post("/endpoints/{endpoint}/invocations", openapi_extra=RAW_BODY)
 async def sagemaker_invoke(request: Request, store: Store, endpoint: str) -> Response:
-    model = _endpoint(store, endpoint)
+    model = _endpoint(store, endpoint, request.headers.get(COMPONENT_HEADER))
     if isinstance(model, Response):
         return model
     return await sagemaker_answer(request, await submit(request, store, model, sagemaker=True), endpoint)
@@ -33,17 +39,30 @@ async def sagemaker_invoke(request: Request, store: Store, endpoint: str) -> Res
 
 @router.post("/endpoints/{endpoint}/invocations-response-stream", openapi_extra=RAW_BODY)
 async def sagemaker_stream(request: Request, store: Store, endpoint: str) -> Response:
-    model = _endpoint(store, endpoint)
+    model = _endpoint(store, endpoint, request.headers.get(COMPONENT_HEADER))
     if isinstance(model, Response):
         return model
     pending = await submit(request, store, model, sagemaker=True)
     return await sagemaker_event_stream(request, pending, endpoint, store.server.sagemaker_part_size)
 
 
-def _endpoint(store: ModelStore, endpoint: str) -> ServedModel | Response:
-    model = store.get(endpoint) or (next(iter(store.models.values())) if len(store.models) == 1 else None)
+def _endpoint(store: ModelStore, endpoint: str, component: str | None) -> ServedModel | Response:
+    served = store.server.sagemaker_endpoint
+    missing = _aws_error(400, "ValidationError", f"Endpoint {endpoint} of account 123456789012 not found.")
+    if served and endpoint != served:
+        return missing
+    if component:
+        model = store.get(component)
+        if model is None:
+            return _aws_error(400, "ValidationError", f"Inference component {component} not found on endpoint "
+                                                      f"{endpoint}.")
+    elif served:
+        return _aws_error(400, "ValidationError", f"Endpoint {endpoint} hosts inference components: name one "
+                                                  "with InferenceComponentName.")
+    else:
+        model = store.get(endpoint) or (next(iter(store.models.values())) if len(store.models) == 1 else None)
     if model is None:
-        return _aws_error(400, "ValidationError", f"Endpoint {endpoint} of account 123456789012 not found.")
+        return missing
     if model.status is not Status.READY:
         return _aws_error(429, "ModelNotReadyException", f"Model for endpoint {endpoint} is not ready "
                                                          f"({model.status.value}).")
