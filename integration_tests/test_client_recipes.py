@@ -70,3 +70,16 @@ def test_a_json_answer_ends_without_a_newline_as_djl_sends_it(server):
     assert not body.endswith(b"\n")
     with pytest.raises(RuntimeError, match="loop forever"):
         list(PostLineIterator(stream(server, {"inputs": "hi"})))
+
+
+def test_error_bodies_come_in_djlservings_shapes_and_clients_read_them(server):
+    import httpx
+
+    from lmi_tools.answers.messages import error_message
+
+    unknown = httpx.post(f"{server.url}/predictions/nope", json={"inputs": "hi"}, timeout=10)
+    assert unknown.status_code == 404 and set(unknown.json()) == {"code", "type", "message"}  # the front end's
+    bad = httpx.post(f"{server.url}/predictions/tiny", json={"inputs": ""}, timeout=10)
+    # with rolling batch, DJLServing's front end turns the item's code and error into {"code", "error"}
+    assert bad.status_code == 400 and set(bad.json()) == {"code", "error"} and "inputs" in bad.json()["error"]
+    assert "nope" in error_message(unknown.json()) and "inputs" in error_message(bad.json())

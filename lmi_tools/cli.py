@@ -105,5 +105,6 @@ def main(argv: list[str] | None = None) -> int:
         typer.echo("interrupted", err=True)
         return 130
 
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
