@@ -43,7 +43,7 @@ SERVER_KEYS = frozenset({
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({
     "enable_streaming", "task", "device_map", "load_in_4bit",
-    "enable_prefix_caching", "enable_chunked_prefill", "gpu_memory_utilization", "enforce_eager",
+    "enforce_eager",
     "bedrock_compat", "chat_template", "waiting_steps",
 })
 
@@ -123,8 +123,10 @@ class HandlerConfig:
     batch_size: int = 1
     rolling_batch: str = "disable"
     max_rolling_batch_size: int = 32
-    #: Upper bound on prompt tokens prefilled in one rolling-batch step (None: no bound).
+    #: Upper bound on prompt tokens prefilled in one rolling-batch step (None: no bound; 512 when chunking).
     max_rolling_batch_prefill_tokens: int | None = None
+    #: Cut long prompts into chunks of that budget so running streams keep their pace (hf backend).
+    enable_chunked_prefill: bool = False
     trust_remote_code: bool = False
     #: None stands for ``max`` (every visible device).
     tensor_parallel_degree: int | None = 1
@@ -165,6 +167,7 @@ class HandlerConfig:
             rolling_batch=parse_choice(props, "rolling_batch", "disable", ROLLING_BATCH_MODES),
             max_rolling_batch_size=parse_int(props, "max_rolling_batch_size", 32, maximum=999),
             max_rolling_batch_prefill_tokens=parse_int(props, "max_rolling_batch_prefill_tokens", None),
+            enable_chunked_prefill=parse_bool(props, "enable_chunked_prefill", False),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
             tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
             else parse_int(props, "tensor_parallel_degree", 1),
@@ -210,7 +213,7 @@ NEURONX_KEYS = frozenset({
 
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",
-    "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens",
+    "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
 })

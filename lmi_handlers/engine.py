@@ -1,9 +1,9 @@
 """The generation engine: admission, one backend step for everything active, results as events.
 
 Every handler mode runs through it - a single request, a dynamic batch, a stream, and each
-rolling-batch step - so they all behave the same. Sequences wait in arrival order until the
-backend has room; the ones admitted at a step are prefilled together, everything already running
-decodes together, and finished sequences leave at once.
+rolling-batch step - so they all behave the same. The scheduler (``scheduler.py``) decides what each
+step feeds the backend (admission by free KV blocks, chunked prefill, preemption); the backend runs
+those chunks in one step; finished sequences leave at once.
 
 A backend failure fails every sequence of that step (with the failure's status) and nothing
 else: the engine resets the backend and keeps serving.
@@ -12,21 +12,25 @@ else: the engine resets the backend and keeps serving.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from typing import Iterator, Sequence
 
 from .backends.base import Backend
 from .errors import status_of
 from .events import Event
+from .scheduler import Scheduler
 from .sequence import SequenceState
 
 logger = logging.getLogger(__name__)
+STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
 
 
 class Engine:
-    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None):
+    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False):
         self.backend = backend
-        self.max_prefill_tokens = max_prefill_tokens
+        self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill)
+        self._logged = time.monotonic()
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
 
@@ -55,28 +59,24 @@ class Engine:
         self.running, self.waiting = [], deque()
         self.backend.reset()
 
-    def _admit(self) -> list[SequenceState]:
-        admitted: list[SequenceState] = []
-        budget = self.max_prefill_tokens
-        room = self.backend.max_batch_size - len(self.running)
-        while self.waiting and len(admitted) < room:
-            size = len(self.waiting[0].prompt_ids)
-            if budget is not None and admitted and size > budget:
-                break  # the rest waits for the next step; one prompt always fits
-            admitted.append(self.waiting.popleft())
-            if budget is not None:
-                budget -= size
-        return admitted
+    def stats(self) -> dict[str, int | float]:
+        """Counters for the server's log and metrics: sequences, KV blocks, prefix hits, preemptions."""
+        out: dict[str, int | float] = {"running": len(self.running), "waiting": len(self.waiting),
+                                       "preemptions": self.scheduler.preemptions}
+        kv = getattr(self.backend, "kv", None)
+        if kv is not None:
+            out.update(kv.stats())
+        return out
 
     def step(self) -> dict[int, list[Event]]:
-        """Advance every active sequence by one token; returns the events of each, by uid."""
-        new = self._admit()
-        if not new and not self.running:
+        """Run one step for everything scheduled; returns the events of each sequence that got a token, by uid."""
+        chunks = self.scheduler.schedule(self.waiting, self.running)
+        if not chunks:
             return {}
-        active = self.running + new
         try:
-            chosen = self.backend.step(new, self.running)
+            chosen = self.backend.step(chunks)
         except Exception as exc:  # noqa: BLE001 - every backend failure is reported per sequence
+            active = self.running
             logger.exception("generation step failed for %d sequences", len(active))
             code, message = status_of(exc), f"generation failed: {exc}"
             events: dict[int, list[Event]] = {seq.uid: [seq.fail(code, message)] for seq in active}
@@ -86,17 +86,25 @@ class Engine:
             self.backend.reset()
             return events
         events = {}
-        for seq in active:
-            token_id, log_prob = chosen[seq.uid]
-            try:
-                events[seq.uid] = seq.append(token_id, log_prob)
-            except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-                logger.exception("detokenizing sequence %d failed", seq.uid)
-                events[seq.uid] = [seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}")]
-        self.running = [seq for seq in active if not seq.finished]
-        for seq in active:
-            if seq.finished:
-                self.backend.release(seq)
+        kv = getattr(self.backend, "kv", None)
+        for chunk in chunks:
+            seq = chunk.seq
+            seq.num_cached = chunk.end
+            if kv is not None:
+                kv.computed(seq)
+            if chunk.sample:
+                token_id, log_prob = chosen[seq.uid]
+                try:
+                    events[seq.uid] = seq.append(token_id, log_prob)
+                except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
+                    logger.exception("detokenizing sequence %d failed", seq.uid)
+                    events[seq.uid] = [seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}")]
+                if seq.finished:
+                    self.backend.release(seq)
+        self.running = [seq for seq in self.running if not seq.finished]
+        if time.monotonic() - self._logged >= STATS_EVERY:
+            self._logged = time.monotonic()
+            logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))
         return events
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:

@@ -43,7 +43,7 @@ class Handler:
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         self.config, self.backend = config, backend
-        self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens)
+        self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True
 

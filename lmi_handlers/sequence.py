@@ -8,6 +8,7 @@ backend and every handler mode.
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Any, Callable, Collection, Sequence
 
 from .detokenize import IncrementalDetokenizer, StopMatcher
@@ -18,7 +19,8 @@ _uids = itertools.count(1)
 
 
 class SequenceState:
-    """A prompt being completed. ``backend_state`` and ``sampler_state`` belong to the backend."""
+    """A prompt being completed. ``backend_state`` and ``sampler_state`` belong to the backend;
+    ``num_cached`` (how many of ``all_ids`` the backend's KV cache holds) to the scheduler."""
 
     def __init__(self, request: GenerationRequest, prompt_ids: Sequence[int], *,
                  decode: Callable[[Sequence[int]], str], eos_ids: Collection[int] = (),
@@ -34,6 +36,7 @@ class SequenceState:
         self.finished = False
         self.backend_state: Any = None
         self.sampler_state: Any = None
+        self.num_cached = 0
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._detokenizer = IncrementalDetokenizer(decode, self.prompt_ids)
@@ -45,6 +48,10 @@ class SequenceState:
     @property
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.generated
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt_ids) + len(self.generated)
 
     def append(self, token_id: int, log_prob: float) -> list[Event]:
         """Record the next generated token; returns its ``TokenEvent``, plus the result if it was the last."""
@@ -80,3 +87,25 @@ class SequenceState:
     def fail(self, code: int, message: str) -> ErrorEvent:
         self.finished = True
         return ErrorEvent(code, message)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """What one step feeds the backend for one sequence: ``seq.all_ids[start:start + len(tokens)]``.
+
+    A new prompt is one chunk from 0 (or from the end of its cached prefix), or several when prefill is
+    chunked; a decode step is the last generated token. Only a chunk that reaches the end of the sequence
+    (``sample``) gets a next token chosen.
+    """
+
+    seq: SequenceState
+    start: int
+    tokens: Sequence[int]
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.tokens)
+
+    @property
+    def sample(self) -> bool:
+        return self.end == self.seq.length

@@ -1,15 +1,20 @@
 """The contract every backend implements, sized for continuous batching.
 
-A backend owns the model and its KV cache slots. ``step`` admits new sequences (prefill) and
-advances every running one by one token, in one call; the engine decides who is admitted and
+A backend owns the model and its KV cache. ``step`` runs one batch of chunks (``sequence.Chunk``:
+prompts or pieces of prompts to prefill, last tokens to decode) in one call and chooses the next token
+of every chunk that reaches its sequence's end; the scheduler decides what goes in a step and the engine
 turns the chosen tokens into events. Backends never format anything.
+
+A backend with a paged KV pool exposes it as ``kv`` (``paged_cache.BlockManager``: admission by free
+blocks, preemption, prefix reuse) and may take chunks that start mid-prompt (``chunked_prefill``);
+one without (``kv = None``) holds one slot per sequence and always gets whole prompts from 0.
 """
 
 from __future__ import annotations
 
-from typing import Collection, Protocol, Sequence
+from typing import Any, Collection, Protocol, Sequence
 
-from ..sequence import SequenceState
+from ..sequence import Chunk, SequenceState
 
 
 class Tokenizer(Protocol):
@@ -37,11 +42,14 @@ class Backend(Protocol):
     #: Backend-specific option keys it reads from the init properties.
     option_keys: Collection[str]
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
-        """Prefill ``new`` and decode one token for each of ``running``.
+    #: The paged KV pool's block manager, or None (one slot per sequence, sized by max_batch_size).
+    kv: Any
+    #: Whether ``step`` takes chunks that start after 0 (chunked prefill, prefix hits, recompute).
+    chunked_prefill: bool
 
-        Returns ``{sequence uid: (token id, log probability)}`` for every sequence of both lists.
-        """
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+        """Run ``batch``; returns ``{sequence uid: (token id, log probability)}`` for every chunk whose
+        ``sample`` is true."""
         ...
 
     def release(self, seq: SequenceState) -> None:
@@ -51,3 +59,10 @@ class Backend(Protocol):
     def reset(self) -> None:
         """Drop every sequence (after a failed step)."""
         ...
+
+
+def split_batch(batch: Sequence[Chunk]) -> tuple[list[SequenceState], list[SequenceState]]:
+    """(new, running) for a slot backend: whole prompts from 0 are new, the rest decode one token."""
+    new = [chunk.seq for chunk in batch if chunk.start == 0]
+    running = [chunk.seq for chunk in batch if chunk.start > 0]
+    return new, running

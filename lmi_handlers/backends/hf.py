@@ -1,16 +1,16 @@
 """The transformers backend: ``AutoModelForCausalLM`` on CPU or CUDA (the G5 path).
 
-Continuous batching runs through the model's own ``forward`` with a KV cache we own
-(``SlotCache``, a ``transformers`` ``Cache``): every active sequence has a row, rows stay packed at
-the top of preallocated buffers, and each row keeps its own length, so sequences join and leave at
-any step without touching the others. New prompts are prefilled together, left-padded, and their
-keys written straight into their rows; each decode step writes one column per row. Attention sees
-one custom 4-D mask, so the model's attention and RoPE code runs unchanged.
+Continuous batching runs through the model's own ``forward`` with a paged KV cache we own
+(``paged_cache``: one pool of fixed-size blocks, a block table per sequence, prefix blocks shared).
+A step runs at most two forwards: every one-token chunk (decode) together, with the grouped decode
+attention, then every longer chunk (prompts, prompt pieces, recomputes) together, left-padded. Each
+token's key is written to its slot in the pool and attention reads each row's slots in position order
+under one custom 4-D mask, so the model's attention and RoPE code runs unchanged.
 
 At load a self-check compares this path with the model's native cache on two prompts of different
-lengths. An architecture where they disagree (or that cannot take a custom cache, such as GPT-2
-on older transformers) falls back to ``NativeRunner``: one sequence at a time with the model's own
-cache: slower, but exact for any causal LM.
+lengths, one of them prefilled in two chunks. An architecture where they disagree (or that cannot take
+a custom cache, such as GPT-2 on older transformers) falls back to ``NativeRunner``: one sequence at a
+time with the model's own cache: slower, but exact for any causal LM.
 
 torch and transformers are imported lazily; nothing here runs at import time.
 """
@@ -23,9 +23,11 @@ from typing import Any, Sequence
 
 from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
-from ..sequence import SequenceState
-from .sampling import select_tokens
-from .slot_cache import grouped_decode_attention, make_slot_cache
+from ..sequence import Chunk, SequenceState
+from .base import split_batch
+from .decode_attention import grouped_decode_attention
+from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
+from .sampler import select_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -94,9 +96,20 @@ def model_max_positions(model_config: Any) -> int:
     return 2048
 
 
+def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
+    """Bytes of keys and values one token takes across all layers."""
+    config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    pick = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), None)  # noqa: E731
+    layers = pick("num_hidden_layers", "n_layer", "num_layers") or 1
+    heads = pick("num_attention_heads", "n_head") or 1
+    kv_heads = pick("num_key_value_heads") or heads
+    head_dim = pick("head_dim") or (pick("hidden_size", "n_embd", "d_model") or heads) // heads
+    return 2 * layers * kv_heads * head_dim * element_size
+
+
 class HFBackend:
     name = "hf"
-    option_keys = frozenset()
+    option_keys = POOL_KEYS
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -128,25 +141,46 @@ class HFBackend:
             self.max_sequence_length = min(self.max_sequence_length, config.max_model_len)
         self.max_batch_size = max(config.max_rolling_batch_size, config.batch_size)
         self._keep = _logits_keep_argument(model)
+        self.pool = self._plan_pool(config, dtype)
         self.runner = self._choose_runner()
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
 
-    def _choose_runner(self) -> "SlotRunner | NativeRunner":
+    @property
+    def kv(self) -> BlockManager | None:
+        return self.runner.blocks if isinstance(self.runner, PagedRunner) else None
+
+    @property
+    def chunked_prefill(self) -> bool:
+        return isinstance(self.runner, PagedRunner)
+
+    def _plan_pool(self, config: HandlerConfig, dtype: Any) -> PoolPlan:
         window = getattr(self.model.config, "sliding_window", None)
         if isinstance(window, int) and 0 < window < self.max_sequence_length:
             # The custom mask is a full causal one: stay within the window so they agree.
             self.max_sequence_length = window
+        torch = self.torch
+        cuda = None
+        if self.device.type == "cuda":
+            cuda = (torch.cuda.get_device_properties(self.device).total_memory, torch.cuda.memory_allocated(self.device))
+        plan = plan_pool(config.properties, bytes_per_token=kv_bytes_per_token(self.model.config, dtype.itemsize),
+                         max_batch_size=self.max_batch_size, max_sequence_length=self.max_sequence_length,
+                         cuda_memory=cuda)
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s", plan.num_blocks,
+                    plan.block_size, plan.tokens, "on" if plan.prefix_caching else "off")
+        return plan
+
+    def _choose_runner(self) -> "PagedRunner | NativeRunner":
         native = NativeRunner(self)
         for attention in filter(None, (grouped_decode_attention(self.model), self.model.config._attn_implementation)):
             try:
-                slots = SlotRunner(self, attention)
-                if slots.agrees_with(native):
-                    return slots
-                logger.warning("the batched slot cache (%s attention) disagrees with %s's own cache", attention,
+                paged = PagedRunner(self, attention, self.pool)
+                if paged.agrees_with(native):
+                    return paged
+                logger.warning("the paged KV cache (%s attention) disagrees with %s's own cache", attention,
                                type(self.model).__name__)
             except Exception:
-                logger.warning("the batched slot cache (%s attention) does not fit %s", attention,
+                logger.warning("the paged KV cache (%s attention) does not fit %s", attention,
                                type(self.model).__name__, exc_info=True)
         logger.warning("using the one-sequence-at-a-time path for %s", type(self.model).__name__)
         return native
@@ -158,9 +192,9 @@ class HFBackend:
         out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
         return out.logits[:, -1], out.past_key_values
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         with self.torch.inference_mode():
-            return self.runner.step(new, running)
+            return self.runner.step(batch)
 
     def release(self, seq: SequenceState) -> None:
         with self.torch.inference_mode():  # the cache buffers are inference tensors
@@ -188,7 +222,8 @@ class NativeRunner:
         ids = self.torch.tensor([list(seq_ids)], device=self.backend.device)
         return self.backend.forward(ids, past_key_values=state)
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+        new, running = split_batch(batch)
         seqs, rows = [], []
         for seq in new:
             logits, seq.backend_state = self.logits_for(seq.prompt_ids)
@@ -210,115 +245,85 @@ class NativeRunner:
         pass
 
 
-class _Slot:
-    __slots__ = ("row", "start", "length")
+class PagedRunner:
+    """Batched prefill and decode over the paged KV cache; see the module docstring."""
 
-    def __init__(self, row: int, start: int, length: int):
-        self.row, self.start, self.length = row, start, length
+    name = "paged"
 
-
-class SlotRunner:
-    """Batched prefill and decode over ``SlotCache``; see the module docstring."""
-
-    name = "slots"
-
-    def __init__(self, backend: HFBackend, decode_attention: str):
+    def __init__(self, backend: HFBackend, decode_attention: str, plan: PoolPlan):
         self.backend = backend
         self.torch = backend.torch
         self.decode_attention = decode_attention
-        self.cache = make_slot_cache(self.torch, backend.max_batch_size, backend.max_sequence_length)
-        self.rows: list[SequenceState] = []  # rows[i] occupies cache row i
-        self.neg = self.torch.finfo(next(backend.model.parameters()).dtype).min
+        self.blocks = BlockManager(plan)
+        self.block_size = plan.block_size
+        self.cache = make_paged_cache(self.torch, plan.tokens)
+        self.dtype = next(backend.model.parameters()).dtype
+        self.neg = self.torch.finfo(self.dtype).min
+        self.max_position = backend.max_sequence_length - 1
 
-    # --- one step ---------------------------------------------------------------------------
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+        seqs, rows = [], []
+        for group, attention in (([c for c in batch if len(c.tokens) == 1], self.decode_attention),
+                                 ([c for c in batch if len(c.tokens) > 1], None)):
+            if not group:
+                continue
+            logits = self._forward(group, attention)
+            keep = [i for i, chunk in enumerate(group) if chunk.sample]
+            if keep:
+                rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
+                seqs += [group[i].seq for i in keep]
+        if not seqs:
+            return {}
+        picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
+        return {seq.uid: choice for seq, choice in zip(seqs, picked)}
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
-        picked: dict[int, tuple[int, float]] = {}
-        if running:
-            decoding = list(self.rows)
-            picked.update(zip((s.uid for s in decoding), select_tokens(self.torch, self._decode(), decoding)))
-        if new:
-            seqs = list(new)
-            picked.update(zip((s.uid for s in seqs), select_tokens(self.torch, self._prefill(seqs), seqs)))
-        return picked
-
-    def _prefill(self, seqs: list[SequenceState]) -> Any:
-        """Give ``seqs`` the next rows and run their prompts, left-padded to one width."""
-        torch, device = self.torch, self.backend.device
-        width = max(len(s.prompt_ids) for s in seqs)
-        first = len(self.rows)
-        ids = torch.full((len(seqs), width), self.backend.tokenizer.pad_id, dtype=torch.long)
-        starts = []
-        for i, seq in enumerate(seqs):
-            start = width - len(seq.prompt_ids)
-            ids[i, start:] = torch.tensor(seq.prompt_ids)
-            seq.backend_state = _Slot(first + i, start, len(seq.prompt_ids))
-            self.rows.append(seq)
-            starts.append(start)
-        start_t = torch.tensor(starts, device=device)[:, None]
-        cols = torch.arange(width, device=device)
-        positions = (cols[None, :] - start_t).clamp(min=0)
-        # Row i, query q may see key c when start_i <= c <= q.
-        visible = (cols[None, None, :] >= start_t[:, :, None]) & (cols[None, None, :] <= cols[None, :, None])
-        self.cache.plan(first, first + len(seqs), width, columns=None, view=width)
-        logits, _ = self.backend.forward(ids.to(device), attention_mask=self._additive(visible),
-                                         position_ids=positions, past_key_values=self.cache)
-        return logits
-
-    def _decode(self) -> Any:
-        """Feed every row its last generated token, each at its own next column."""
-        torch, device = self.torch, self.backend.device
-        slots = [seq.backend_state for seq in self.rows]
-        ids = torch.tensor([[seq.generated[-1]] for seq in self.rows], device=device)
-        starts = torch.tensor([s.start for s in slots], device=device)
-        lengths = torch.tensor([s.length for s in slots], device=device)
-        write = starts + lengths
-        view = int(write.max()) + 1
-        cols = torch.arange(view, device=device)
-        visible = (cols[None, :] >= starts[:, None]) & (cols[None, :] <= write[:, None])
-        self.cache.plan(0, len(self.rows), view, columns=write, view=view)
+    def _forward(self, chunks: Sequence[Chunk], attention: str | None) -> Any:
+        """Run ``chunks`` (left-padded to one width) through the model; last-position logits per chunk."""
+        torch, device, size = self.torch, self.backend.device, self.block_size
+        width = max(len(c.tokens) for c in chunks)
+        pad = self.backend.tokenizer.pad_id
+        ids = torch.tensor([[pad] * (width - len(c.tokens)) + list(c.tokens) for c in chunks], device=device)
+        view = max(c.end for c in chunks)  # positions attention reads
+        blocks = -(-view // size)
+        tables = [self.blocks.table(c.seq)[:blocks] for c in chunks]
+        table = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=device)
+        meta = torch.tensor([[c.start, len(c.tokens)] for c in chunks], device=device)
+        starts, lengths = meta[:, :1], meta[:, 1:]
+        keys = torch.arange(view, device=device)
+        read = table[:, keys // size] * size + keys % size
+        read = read.masked_fill(keys >= starts + lengths, self.cache.scratch)
+        # Query column j of a row holds position start + j - (width - length); the first width - length
+        # columns are padding, which writes to the scratch slot.
+        columns = torch.arange(width, device=device)
+        positions = starts + columns - (width - lengths)
+        padding = columns < width - lengths
+        write = read.gather(1, positions.clamp(min=0)).masked_fill(padding, self.cache.scratch)
+        visible = keys[None, None, :] <= positions[:, :, None]
+        mask = torch.where(visible, torch.zeros((), dtype=self.dtype, device=device),
+                           torch.tensor(self.neg, dtype=self.dtype, device=device))[:, None]
+        self.cache.plan(write.flatten(), read, view - width)
         config = self.backend.model.config
-        stock, config._attn_implementation = config._attn_implementation, self.decode_attention
+        stock = config._attn_implementation
+        if attention is not None:
+            config._attn_implementation = attention
         try:
-            logits, _ = self.backend.forward(ids, attention_mask=self._additive(visible[:, None, :]),
-                                             position_ids=lengths[:, None], past_key_values=self.cache)
+            logits, _ = self.backend.forward(ids, attention_mask=mask, past_key_values=self.cache,
+                                             position_ids=positions.clamp(0, self.max_position))
         finally:
             config._attn_implementation = stock
-        for slot in slots:
-            slot.length += 1
         return logits
 
-    def _additive(self, visible: Any) -> Any:
-        """[rows, q, k] booleans -> the [rows, 1, q, k] additive mask every attention path accepts."""
-        dtype = next(self.backend.model.parameters()).dtype
-        zero = self.torch.zeros((), dtype=dtype, device=visible.device)
-        return self.torch.where(visible, zero, self.torch.tensor(self.neg, dtype=dtype,
-                                                                  device=visible.device))[:, None]
-
-    # --- slots ------------------------------------------------------------------------------
-
     def release(self, seq: SequenceState) -> None:
-        slot = seq.backend_state
-        if slot is None or slot.row >= len(self.rows) or self.rows[slot.row] is not seq:
-            return
-        last = self.rows.pop()
-        if last is not seq:  # keep rows packed: the last row moves into the freed one
-            moved = last.backend_state
-            self.cache.move_row(moved.row, slot.row, moved.start + moved.length)
-            moved.row = slot.row
-            self.rows[slot.row] = last
-        seq.backend_state = None
+        self.blocks.release(seq)
 
     def reset(self) -> None:
-        for seq in self.rows:
-            seq.backend_state = None
-        self.rows = []
+        self.blocks.reset()
 
     # --- load-time self-check ---------------------------------------------------------------
 
     def agrees_with(self, native: NativeRunner) -> bool:
-        """Two prompts of different lengths, prefilled together then decoded twice, against the
-        model's own cache one prompt at a time."""
+        """Two prompts of different lengths, the longer prefilled in two chunks, then decoded twice, against
+        the model's own cache one prompt at a time."""
         from ..request import GenerationRequest, SamplingParams, Schema, StoppingParams
 
         vocab = int(self.backend.model.get_input_embeddings().weight.shape[0])
@@ -334,12 +339,20 @@ class SlotRunner:
                     logits, state = native.logits_for([int(rows[-1].argmax())], state)
                     rows.append(logits)
                 expected.append(rows)
-            got = [self._prefill(seqs)]
-            for _ in range(2):
-                for seq, row in zip(self.rows, got[-1]):
-                    seq.generated.append(int(row.argmax()))
-                got.append(self._decode())
-        self.reset()
+            try:
+                for seq in seqs:
+                    self.blocks.admit(seq)
+                first = self._forward([Chunk(seqs[0], 0, prompts[0][:5]), Chunk(seqs[1], 0, prompts[1])], None)
+                rest = self._forward([Chunk(seqs[0], 5, prompts[0][5:])], None)
+                got = [self.torch.stack([rest[0], first[1]])]
+                for _ in range(2):
+                    for seq, row in zip(seqs, got[-1]):
+                        seq.generated.append(int(row.argmax()))
+                        self.blocks.grow(seq, seq.length)
+                    got.append(self._forward([Chunk(s, s.length - 1, s.generated[-1:]) for s in seqs],
+                                             self.decode_attention))
+            finally:
+                self.reset()
         for step, rows in enumerate(got):
             for i, row in enumerate(rows):
                 want = expected[i][step]

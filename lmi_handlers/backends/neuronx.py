@@ -11,7 +11,7 @@ short warm-up runs both the prefill and the decode graphs before the first reque
 
 Serving: ``step`` hands over to a runner (``neuronx_runners``): continuous batching with per-slot
 ``cache_ids`` and slot ids in ``start_ids`` for Llama/Mistral, the naive static strategy for the
-others. Tokens are chosen on the host with ``sampling.select_tokens``, like the hf backend.
+others. Tokens are chosen on the host with ``sampler.select_tokens``, like the hf backend.
 
 ``max_sequence_length`` is ``n_positions``: the request layer rejects a prompt plus
 ``max_new_tokens`` beyond it with a 400 (DJL's own handler silently truncates the prompt).
@@ -29,7 +29,8 @@ from typing import Any, Sequence
 from ..config import NEURONX_KEYS, HandlerConfig
 from ..errors import BackendError
 from ..request import GenerationRequest, SamplingParams, Schema, StoppingParams
-from ..sequence import SequenceState
+from ..sequence import Chunk, SequenceState
+from .base import split_batch
 from .hf import HFTokenizer
 from .neuronx_artifacts import ArtifactStore
 from .neuronx_options import CompileSettings, NeuronxOptions, plan_compile
@@ -47,6 +48,8 @@ class NeuronxBackend:
 
     name = "neuronx"
     option_keys = NEURONX_KEYS
+    kv = None  # the compiled graphs hold one KV row per batch slot
+    chunked_prefill = False
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -81,9 +84,9 @@ class NeuronxBackend:
                     self.max_batch_size, self.settings.tp_degree, self.settings.amp, self.settings.n_positions,
                     self.runner.name)
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         with self.torch.inference_mode():
-            return self.runner.step(new, running)
+            return self.runner.step(*split_batch(batch))
 
     def release(self, seq: SequenceState) -> None:
         self.runner.release(seq)
@@ -99,8 +102,8 @@ class NeuronxBackend:
         request = GenerationRequest(Schema.LMI, "warm up", SamplingParams(), StoppingParams(max_new_tokens=2))
         seq = SequenceState(request, prompt, decode=self.tokenizer.decode)
         try:
-            seq.generated.append(self.step([seq], [])[seq.uid][0])
-            self.step([], [seq])
+            seq.generated.append(self.step([Chunk(seq, 0, prompt)])[seq.uid][0])
+            self.step([Chunk(seq, len(prompt), seq.generated[-1:])])
         finally:
             self.release(seq)
             self.runner.reset()

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..sequence import SequenceState
-from .sampling import select_tokens
+from .sampler import select_tokens
 
 
 class _Slots:

@@ -22,7 +22,7 @@ from typing import Sequence
 
 from ..config import HandlerConfig, parse_bool, parse_int
 from ..errors import BackendError
-from ..sequence import SequenceState
+from ..sequence import Chunk, SequenceState
 
 PAD, BOS, EOS = 0, 1, 2
 OFFSET = 3
@@ -49,6 +49,8 @@ class ScriptedTokenizer:
 
 class ScriptedBackend:
     name = "scripted"
+    kv = None
+    chunked_prefill = False
     option_keys = frozenset({"scripted_text", "scripted_step_delay_ms", "scripted_load_seconds",
                              "scripted_fail_load", "scripted_max_sequence_length"})
 
@@ -65,10 +67,10 @@ class ScriptedBackend:
         if parse_bool(props, "scripted_fail_load", False):
             raise BackendError("scripted backend asked to fail while loading (option.scripted_fail_load=true)")
 
-    def step(self, new: Sequence[SequenceState], running: Sequence[SequenceState]) -> dict[int, tuple[int, float]]:
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         delay = self.step_delay
         chosen = {}
-        for seq in list(new) + list(running):
+        for seq in (chunk.seq for chunk in batch):
             directives = self._directives(seq)
             index = len(seq.generated) + 1  # the token this step produces
             delay = max(delay, directives.get("delay", 0) / 1000)

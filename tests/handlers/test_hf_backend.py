@@ -58,8 +58,8 @@ def token_ids(body):
     return [t["id"] for t in json.loads(body)["details"]["tokens"]]
 
 
-def test_the_batched_slot_path_was_chosen(handler):
-    assert handler.backend.runner.name == "slots"
+def test_the_batched_paged_path_was_chosen(handler):
+    assert handler.backend.runner.name == "paged"
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

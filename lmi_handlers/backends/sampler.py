@@ -1,0 +1,100 @@
+"""Next-token selection for a whole batch at once, shared by the torch backends (hf, neuronx).
+
+Every row may ask for something different (greedy or sampled, temperature, top-k, top-p, repetition
+penalty, seed), as in TGI's heterogeneous batches; each setting is applied as a tensor over the rows that
+use it, in transformers' order (repetition penalty, temperature, top-k, top-p), with no loop over rows.
+
+* A batch of greedy rows without penalty is one argmax.
+* Repetition penalty reads a per-sequence bit set of the tokens seen so far (``[vocab]`` booleans, built
+  once from the prompt and updated with each chosen token), not the history rebuilt every step.
+* Sampled rows draw by inverse CDF: one uniform number per row from the request's own
+  ``torch.Generator`` (seeded by the request, or the server), so a seeded request samples the same tokens
+  whatever else is in the batch.
+
+``log_prob`` is the log-softmax of the raw model logits at the chosen token.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ..sequence import SequenceState
+
+
+class _RowState:
+    """What selection keeps per sequence: its random generator and the set of tokens it has seen."""
+
+    __slots__ = ("generator", "seen")
+
+    def __init__(self) -> None:
+        self.generator: Any = None
+        self.seen: Any = None
+
+
+def _state(seq: SequenceState) -> _RowState:
+    if seq.sampler_state is None:
+        seq.sampler_state = _RowState()
+    return seq.sampler_state
+
+
+def _seen(torch: Any, seq: SequenceState, vocab: int, device: Any) -> Any:
+    state = _state(seq)
+    if state.seen is None:
+        state.seen = torch.zeros(vocab, dtype=torch.bool, device=device)
+        state.seen[torch.tensor(seq.all_ids, device=device)] = True
+    return state.seen
+
+
+def _uniform(torch: Any, seq: SequenceState, device: Any) -> Any:
+    state = _state(seq)
+    if state.generator is None:
+        state.generator = torch.Generator(device=device)
+        state.generator.manual_seed(seq.seed if seq.seed is not None else 0)
+    return torch.rand(1, generator=state.generator, device=device)
+
+
+def _penalize(torch: Any, scores: Any, seqs: Sequence[SequenceState], rows: list[int]) -> Any:
+    device, vocab = scores.device, scores.shape[-1]
+    index = torch.tensor(rows, device=device)
+    seen = torch.stack([_seen(torch, seqs[row], vocab, device) for row in rows])
+    penalty = torch.tensor([seqs[row].request.sampling.repetition_penalty for row in rows], device=device)[:, None]
+    part = scores[index]
+    penalized = torch.where(part > 0, part / penalty, part * penalty)
+    scores = scores.clone()
+    scores[index] = torch.where(seen, penalized, part)
+    return scores
+
+
+def _sample(torch: Any, scores: Any, seqs: Sequence[SequenceState], rows: list[int]) -> Any:
+    device, vocab = scores.device, scores.shape[-1]
+    params = [seqs[row].request.sampling for row in rows]
+    temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
+    top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)[:, None]
+    top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
+    ordered, order = (scores[torch.tensor(rows, device=device)] / temperature).sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=device)[None, :]
+    ordered = ordered.masked_fill(ranks >= top_k, float("-inf"))
+    probs = torch.softmax(ordered, dim=-1)
+    # top-p: drop a token when the more likely ones already reach p (the most likely always stays).
+    probs = probs.masked_fill((probs.cumsum(dim=-1) - probs >= top_p) & (ranks > 0), 0.0)
+    cumulative = probs.cumsum(dim=-1)
+    draws = torch.cat([_uniform(torch, seqs[row], device) for row in rows])[:, None] * cumulative[:, -1:]
+    picks = torch.searchsorted(cumulative, draws).clamp(max=vocab - 1)
+    return order.gather(1, picks)[:, 0]
+
+
+def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[tuple[int, float]]:
+    """One (token id, log prob) per row of ``logits`` ([rows, vocab])."""
+    logits = logits.float()
+    params = [seq.request.sampling for seq in seqs]
+    penalized = [row for row, p in enumerate(params) if p.repetition_penalty != 1.0]
+    sampled = [row for row, p in enumerate(params) if p.do_sample]
+    scores = _penalize(torch, logits, seqs, penalized) if penalized else logits
+    chosen = scores.argmax(dim=-1)
+    if sampled:
+        chosen[torch.tensor(sampled, device=logits.device)] = _sample(torch, scores, seqs, sampled)
+    log_probs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+    ids = chosen.tolist()
+    for row in penalized:
+        seqs[row].sampler_state.seen[ids[row]] = True
+    return list(zip(ids, log_probs.tolist()))

@@ -1,0 +1,87 @@
+"""What runs at each engine step: which sequences, and how many of their tokens.
+
+Running sequences go first, oldest first: a decoding one feeds its last token, one whose prompt is being
+prefilled in chunks feeds its next chunk. Then waiting sequences are admitted in arrival order while the
+batch has rows, the backend's KV pool has blocks for the whole prompt, and the step's prefill token
+budget lasts. A request that does not fit waits; it never fails for lack of room.
+
+When a decoding sequence needs a new block and the pool is dry, the youngest running sequence is
+preempted: its blocks go back, and it waits at the head of the queue to be recomputed (prompt and the
+tokens generated so far, prefilled again; with prefix caching most of it is found in the cache). Its
+output so far is kept, so nothing is lost or repeated.
+
+Budget (``option.max_rolling_batch_prefill_tokens``): without chunked prefill it only limits admission
+(one prompt always fits); with ``option.enable_chunked_prefill`` long prompts are cut into chunks so a
+step never prefills more than the budget, and running streams keep their pace.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Any
+
+from .sequence import Chunk, SequenceState
+
+DEFAULT_CHUNK_BUDGET = 512
+
+
+class Scheduler:
+    def __init__(self, backend: Any, prefill_budget: int | None = None, chunked: bool = False):
+        self.backend = backend
+        self.chunked = chunked and getattr(backend, "chunked_prefill", False)
+        self.budget = prefill_budget if prefill_budget is not None or not self.chunked else DEFAULT_CHUNK_BUDGET
+        self.preemptions = 0
+
+    @property
+    def kv(self) -> Any:
+        return getattr(self.backend, "kv", None)
+
+    def schedule(self, waiting: deque[SequenceState], running: list[SequenceState]) -> list[Chunk]:
+        """This step's chunks; moves admitted sequences from ``waiting`` to ``running`` and preempted ones back."""
+        budget = self.budget if self.budget is not None else float("inf")
+        chunks: list[Chunk] = []
+        for seq in list(running):
+            if seq not in running:  # preempted for an older one earlier in this loop
+                continue
+            left = seq.length - seq.num_cached
+            size = 1 if left == 1 else min(left, budget)
+            if size <= 0:
+                continue  # a chunked prompt waits for budget
+            if left > 1:
+                budget -= size
+            elif not self._room_for_next_token(seq, waiting, running):
+                continue
+            chunks.append(Chunk(seq, seq.num_cached, seq.all_ids[seq.num_cached:seq.num_cached + size]))
+        prefilled_any = any(len(chunk.tokens) > 1 for chunk in chunks)
+        while waiting and len(running) < self.backend.max_batch_size and budget > 0:
+            seq = waiting[0]
+            if not self.chunked and prefilled_any and seq.length > budget:
+                break  # the rest waits for the next step; one prompt always fits
+            cached = self.kv.admit(seq) if self.kv is not None else 0
+            if cached is None:
+                break  # no blocks for it now: it waits for a sequence to finish
+            waiting.popleft()
+            running.append(seq)
+            seq.num_cached = cached
+            size = seq.length - cached if not self.chunked else min(seq.length - cached, budget)
+            budget -= size
+            prefilled_any = True
+            chunks.append(Chunk(seq, cached, seq.all_ids[cached:cached + size]))
+        return chunks
+
+    def _room_for_next_token(self, seq: SequenceState, waiting: deque[SequenceState],
+                             running: list[SequenceState]) -> bool:
+        """A block for the token ``seq`` writes this step, preempting the youngest sequences if need be."""
+        while self.kv is not None and not self.kv.grow(seq, seq.num_cached + 1):
+            victim = running[-1]
+            self.preempt(victim, waiting, running)
+            if victim is seq:
+                return False
+        return True
+
+    def preempt(self, seq: SequenceState, waiting: deque[SequenceState], running: list[SequenceState]) -> None:
+        running.remove(seq)
+        self.backend.release(seq)
+        seq.num_cached = 0
+        waiting.appendleft(seq)
+        self.preemptions += 1
