@@ -115,7 +115,8 @@ def handler_run(handler: Handler, prompts: list[str], concurrency: int, per_clie
     ttft = sorted(r.token_times[0] - r.submitted for r in done)
     gaps = [b - a for r in done for a, b in zip(r.token_times, r.token_times[1:])]
     return {"tokens_per_s": tokens / elapsed, "ttft_p50": _pct(ttft, 50), "ttft_p90": _pct(ttft, 90),
-            "itl_mean": statistics.fmean(gaps), "requests": len(done), "seconds": elapsed}
+            "itl_mean": statistics.fmean(gaps), "itl_p50": statistics.median(gaps), "requests": len(done),
+            "seconds": elapsed}
 
 
 def _pct(values: list[float], q: float) -> float:

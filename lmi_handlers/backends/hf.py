@@ -27,6 +27,7 @@ from ..sequence import Chunk, SequenceState
 from .base import split_batch
 from .decode_attention import grouped_decode_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
+from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
 
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS
+    option_keys = POOL_KEYS | {"quantize"}
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -133,6 +134,7 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
+        self.quantized = self._quantize(model, parse_method(config.properties.get("quantize")))
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
@@ -145,6 +147,16 @@ class HFBackend:
         self.runner = self._choose_runner()
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
+
+    @staticmethod
+    def _quantize(model: Any, method: str | None) -> Any:
+        if method is None:
+            logger.info("weights: %.1f MiB", model_bytes(model) / 2**20)
+            return None
+        done = quantize_weights(model, method)
+        logger.info("weights: %s on %d linear layers (%s kernel), %.1f MiB -> %.1f MiB", done.method, done.layers,
+                    done.kernel, done.bytes_before / 2**20, done.bytes_after / 2**20)
+        return done
 
     @property
     def kv(self) -> BlockManager | None:

@@ -119,8 +119,6 @@ class DeploySpec(BaseModel):
         kind = lookup(self.instance_type).kind
         if self.backend == "neuronx" and kind != "neuron":
             raise ValueError(f"backend neuronx needs an Inferentia2/Trainium instance, not {self.instance_type}")
-        if self.quantize and self.resolved_backend != "neuronx":
-            raise ValueError("quantize is supported by the neuronx backend only")
         backend_keys = {b: backend_option_keys(b) - HANDLER_KEYS for b in ("neuronx", "scripted")}
         option_keys = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
         _check_keys(self.options, option_keys.union(*backend_keys.values()), "options")

@@ -49,7 +49,16 @@ def backend_option_keys(backend: str) -> frozenset[str]:
         from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
 
         return frozenset(ScriptedBackend.option_keys)
-    return frozenset()
+    from lmi_handlers.backends.hf import HFBackend  # torch and transformers are imported only at load
+
+    return frozenset(HFBackend.option_keys)
+
+
+def hf_quantize(props: Mapping[str, str]) -> str | None:
+    """The hf backend's weight quantization method for ``option.quantize``, as it reads it; raises ``ConfigError``."""
+    from lmi_handlers.backends.quantize import parse_method
+
+    return parse_method(props.get("quantize"))
 
 
 def ignored_options(props: Mapping[str, str], backend: str) -> list[str]:

@@ -23,7 +23,7 @@ from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from .runtime import handler_config, neuronx_plan
+from .runtime import handler_config, hf_quantize, neuronx_plan
 
 AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
@@ -152,6 +152,10 @@ def resolve_settings(target: Target) -> None:
         target.dtype, target.int8, target.batch = AMP_DTYPES[plan.amp], "quant" in plan.neuron_config, plan.batch_size
         target.positions, target.positions_set = plan.n_positions, bool(target.props.get("n_positions", "").strip())
         return
+    try:
+        target.int8 = hf_quantize(target.props) is not None
+    except ConfigError:
+        pass  # check_dtype reports it
     if config.dtype != "auto":
         target.dtype = config.dtype
     elif arch and arch.checkpoint_dtype in ("fp16", "bf16"):

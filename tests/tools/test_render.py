@@ -137,7 +137,7 @@ def test_values_that_do_not_fit_a_properties_line_are_refused():
     ({"tensor_parallel_degree": 0}, "tensor_parallel_degree: Input should be greater than or equal to 1"),
     ({"rolling_batch": True, "batch_size": 4}, "cannot be combined with rolling_batch"),
     ({"instance_type": "g5.12xlarge", "backend": "neuronx"}, "needs an Inferentia2/Trainium instance"),
-    ({"instance_type": "g5.12xlarge", "quantize": "static_int8"}, "neuronx backend only"),
+    ({"quantize": "awq"}, "quantize: Input should be 'static_int8'"),
     ({"dtype": "float8"}, "dtype: Input should be"),
     ({"output_formatter": "xml"}, "output_formatter: allowed values are"),
     ({"options": {"n_positons": 512}}, "did you mean 'n_positions'"),

@@ -332,6 +332,19 @@ def test_report_is_json_serializable(tmp_path):
                                                       "host memory", "entry point", "options"}
 
 
+def test_hf_int8_weights_count_in_the_memory_fit_and_a_wrong_method_is_an_error(tmp_path):
+    gpu = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf", "option.dtype": "fp16"}
+    fp16 = validate_model_dir(make_dir(tmp_path, gpu, "g5.xlarge", LLAMA_2_13B, name="fp16"))
+    int8 = validate_model_dir(make_dir(tmp_path, {**gpu, "option.quantize": "static_int8"}, "g5.xlarge",
+                                       LLAMA_2_13B, name="int8"))
+    assert "int8" in int8.figures["weights"] and "int8" not in fp16.figures["weights"]
+    assert levels(fp16, "memory") == {"error"} and levels(int8, "memory") != {"error"}  # 26 GB vs ~13 GB on 24 GiB
+    awq = validate_model_dir(make_dir(tmp_path, {**gpu, "option.quantize": "awq"}, "g5.xlarge", LLAMA_2_13B,
+                                      name="awq"))
+    [error] = [f for f in awq.errors if f.check == "dtype"]
+    assert "option.quantize='awq' is invalid" in error.message and "static_int8" in error.message
+
+
 # The original inf2 example: a model.py with its own handle() that reads option.dtype=f16 (amp style) itself.
 OWN_HANDLE = '''from djl_python import Input, Output
 

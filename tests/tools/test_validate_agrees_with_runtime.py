@@ -21,7 +21,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
+from lmi_handlers.backends.hf import HFBackend
 from lmi_handlers.backends.neuronx_options import NeuronxOptions, plan_compile
+from lmi_handlers.backends.quantize import parse_method
 from lmi_handlers.backends.scripted import ScriptedBackend
 from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
 from lmi_tools.instances import INSTANCES, Instance
@@ -60,10 +62,13 @@ def runtime_verdict(props: dict[str, str], model: dict, instance: Instance, mode
             # In an LMI container "auto" is neuronx exactly where transformers_neuronx is installed: the neuron image.
             backend = config.backend if config.backend != "auto" else (
                 "neuronx" if instance.kind == "neuron" else "hf")
-            keys = {"neuronx": NEURONX_KEYS, "scripted": ScriptedBackend.option_keys}.get(backend, frozenset())
+            keys = {"neuronx": NEURONX_KEYS, "scripted": ScriptedBackend.option_keys}.get(backend,
+                                                                                         HFBackend.option_keys)
             warnings = check_unknown_keys(config.properties, keys)
             if backend == "neuronx":
                 warnings += plan_compile(config, NeuronxOptions.from_properties(config.properties), model).warnings
+            if backend == "hf":
+                parse_method(config.properties.get("quantize"))  # HFBackend reads it first thing at load
         except ConfigError as exc:
             return str(exc), []
     return None, warnings
