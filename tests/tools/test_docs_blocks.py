@@ -73,17 +73,26 @@ def test_runnable_block_runs(block, tmp_path):
     assert "Traceback" not in result.stderr
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def free_port(also_next: bool = False) -> int:
+    """A free port; with ``also_next``, one whose successor is free too (lmi serve's default management port)."""
+    while True:
+        with socket.socket() as sock, socket.socket() as after:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+            if not also_next:
+                return port
+            try:
+                after.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
 
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="the script uses curl")
 def test_sagemaker_walkthrough_script_runs_offline(tmp_path):
     """docs/sagemaker.md's offline walkthrough is scripts/sagemaker_demo.sh; run it on free ports."""
     env = {**os.environ, "SKIP_SETUP": "1", "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
-           "MOTO_PORT": str(free_port()), "PORT": str(free_port())}
+           "MOTO_PORT": str(free_port()), "PORT": str(free_port(also_next=True))}
     log = tmp_path / "demo.log"
     with log.open("w") as out:
         process = subprocess.Popen(["bash", str(ROOT / "scripts/sagemaker_demo.sh")], cwd=ROOT, env=env,
