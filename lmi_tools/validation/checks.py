@@ -16,7 +16,7 @@ from lmi_handlers.config import ConfigError, parse_bool
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from .runtime import CONTAINER_MODEL_DIR, hf_quantize, ignored_options
+from .runtime import CONTAINER_MODEL_DIR, ignored_options
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -132,7 +132,10 @@ def check_backend(target: Target) -> list[Finding]:
 
 
 def refused(target: Target, exc: ConfigError) -> Finding:
-    """The neuronx backend's planner refuses these settings: the model would not load."""
+    """The backend refuses these settings at load (the neuronx planner, the hf quantizer): the model would not load."""
+    if target.backend == "hf":
+        return Finding("error", "dtype", str(exc), "the hf backend refuses to load with this "
+                       "(lmi_handlers/backends/quantize.py)")
     hint = alternatives(target) if exc.key == "tensor_parallel_degree" else \
         "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx_options.py)"
     return Finding("error", "neuronx", str(exc), hint)
@@ -199,12 +202,6 @@ def check_dtype(target: Target) -> list[Finding]:
     findings = []
     if target.int8:
         findings.append(Finding("ok", "dtype", f"{detail}; int8 weight storage (layers' matrices), KV cache {dtype}"))
-    elif target.backend == "hf" and props.get("quantize", "").strip():
-        try:
-            hf_quantize(props)
-        except ConfigError as exc:
-            findings.append(Finding("error", "dtype", str(exc), "the hf backend refuses to load with this "
-                                    "(lmi_handlers/backends/quantize.py)"))
     elif target.backend == "hf" and flag(props, "load_in_8bit"):
         findings.append(Finding("warning", "dtype", "load_in_8bit is a neuronx option; the hf backend loads "
                                 f"{dtype} weights", "use option.quantize=static_int8 for int8 weights on hf"))

@@ -154,8 +154,8 @@ def resolve_settings(target: Target) -> None:
         return
     try:
         target.int8 = hf_quantize(target.props) is not None
-    except ConfigError:
-        pass  # check_dtype reports it
+    except ConfigError as exc:
+        target.refusal = exc
     if config.dtype != "auto":
         target.dtype = config.dtype
     elif arch and arch.checkpoint_dtype in ("fp16", "bf16"):

@@ -55,7 +55,9 @@ MODEL_CONFIGS.update({
 def runtime_verdict(props: dict[str, str], model: dict, instance: Instance, model_dir: Path
                     ) -> tuple[str | None, list[str]]:
     """The runtime's refusal (its ``ConfigError`` text), or the warnings it logs while accepting."""
-    cores = {"NEURON_RT_VISIBLE_CORES": f"0-{instance.cores - 1}"} if instance.kind == "neuron" else {}
+    # As validate plans it: "max" is every accelerator of the instance (on a GPU instance the backend error says
+    # neuronx cannot run there at all; the planner's other verdicts must still agree).
+    cores = {"NEURON_RT_VISIBLE_CORES": f"0-{instance.cores - 1}"}
     with mock.patch.dict(os.environ, cores):
         try:
             config = HandlerConfig.from_properties({**props, "model_dir": str(model_dir)})
@@ -143,6 +145,9 @@ OPTIONS = st.fixed_dictionaries({}, optional={
          model_name="meta-llama--Meta-Llama-3-8B", instance="inf2.xlarge")
 # Found by this test: the planner's warnings were dropped when the backend does not fit the instance.
 @example(options={"backend": "neuronx"}, model_name="pythia-1b", instance="g5.12xlarge")
+# Found by this test: "max" on a GPU instance, and a refused quantize method beside a backend on the wrong instance.
+@example(options={"backend": "neuronx", "tensor_parallel_degree": "max"}, model_name="pythia-1b", instance="g5.12xlarge")
+@example(options={"backend": "hf", "quantize": "awq"}, model_name="EleutherAI--gpt-j-6b", instance="inf2.24xlarge")
 def test_generated_configurations(options, model_name, instance):
     model = MODEL_CONFIGS[model_name]
     with tempfile.TemporaryDirectory(prefix="lmi-agree-") as root:
