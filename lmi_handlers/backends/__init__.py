@@ -26,7 +26,8 @@ def load_backend(config: HandlerConfig) -> Backend:
         from .scripted import ScriptedBackend
 
         return ScriptedBackend(config)
-    _check_model_files(config.model_id)
+    if not config.properties.get("gguf_file"):  # a GGUF file carries its own config and tokenizer
+        _check_model_files(config.model_id)
     if name == "neuronx":
         if importlib.util.find_spec("transformers_neuronx") is None:  # fail before any download from the hub
             raise ConfigError("backend", config.backend, "the neuronx backend needs transformers-neuronx, which the "

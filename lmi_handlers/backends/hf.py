@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+from pathlib import Path
 from typing import Any, Sequence
 
 from ..config import ConfigError, HandlerConfig
@@ -78,15 +79,32 @@ def resolve_device(torch: Any, device: str) -> str:
     return device
 
 
-def resolve_dtype(torch: Any, dtype: str, device: str, model_dir: str) -> Any:
+def resolve_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: Any) -> Any:
     if dtype == "auto":
         if device == "cpu":
             return torch.float32
         from transformers import AutoConfig
 
-        stored = getattr(AutoConfig.from_pretrained(model_dir), "torch_dtype", None)
+        stored = getattr(AutoConfig.from_pretrained(model_dir, **source), "torch_dtype", None)
         return stored if stored in (torch.float16, torch.bfloat16) else torch.float16
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+
+
+def gguf_source(config: HandlerConfig) -> dict[str, str]:
+    """``option.gguf_file``: a .gguf file in the model directory that transformers reads and dequantizes at load
+    (so memory is that of full precision); ``{}`` when unset. Refused with the reason before any loading."""
+    name = str(config.properties.get("gguf_file") or "").strip()
+    if not name:
+        return {}
+    path = Path(config.model_id) / name
+    if not path.is_file():
+        raise ConfigError("gguf_file", name, f"no such file in the model directory {config.model_id}")
+    try:
+        import gguf  # noqa: F401  (transformers reads GGUF with it)
+    except ImportError:
+        raise ConfigError("gguf_file", name, "reading GGUF needs the gguf and accelerate packages: "
+                          "pip install 'lmi-handlers[gguf]'") from None
+    return {"gguf_file": name}
 
 
 def model_max_positions(model_config: Any) -> int:
@@ -110,7 +128,7 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS | {"quantize"}
+    option_keys = POOL_KEYS | {"quantize", "gguf_file"}
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -121,8 +139,9 @@ class HFBackend:
         hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
         device = resolve_device(torch, config.device)
-        dtype = resolve_dtype(torch, config.dtype, device, config.model_id)
-        common = {"trust_remote_code": config.trust_remote_code}
+        source = gguf_source(config)
+        dtype = resolve_dtype(torch, config.dtype, device, config.model_id, **source)
+        common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
