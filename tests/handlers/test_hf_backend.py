@@ -202,8 +202,7 @@ def test_rolling_batch_greedy_equals_generate_whenever_a_request_joins(tiny_mode
                                                                                                      budget)))
         if not loop.active:
             continue
-        out = handler.handle(loop.next_input())
-        for item in loop.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())]):
+        for item in loop.step(handler):
             assert item.code is None, item.error
             bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
     assert len(bodies) == 14

@@ -78,8 +78,7 @@ def rolling(handler, jobs):
         step += 1
         if not loop.active:
             continue
-        out = handler.handle(loop.next_input())
-        for item in loop.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())]):
+        for item in loop.step(handler):
             assert item.code is None, item.error
             bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
     return {prompt: [t["id"] for t in json.loads(body)["details"]["tokens"]] for prompt, body in bodies.items()}

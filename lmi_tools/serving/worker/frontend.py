@@ -156,6 +156,11 @@ class RollingBatchLoop:
         self.reset_next = False
         return inputs
 
+    def step(self, handler: Any) -> list[StepItem]:
+        """One step against an in-process handler (tests and benchmarks; the server goes over the socket)."""
+        out = handler.handle(self.next_input())
+        return self.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())])
+
     def apply(self, code: int, properties: Mapping[str, Any], items: Sequence[bytes]) -> list[StepItem]:
         if code != 200 or len(items) != len(self.active):
             return self.fail_all(code if code != 200 else 500, "Batch inference failed")

@@ -57,8 +57,7 @@ def serve(handler, payloads, join_every=1, seed=0):
         step += 1
         if not loop.active:
             continue
-        out = handler.handle(loop.next_input())
-        for item in loop.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())]):
+        for item in loop.step(handler):
             assert item.code is None, item.error
             bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
     return [bodies[i] for i in range(len(payloads))]
