@@ -32,7 +32,7 @@ from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, pl
 from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
-                          parse_options)
+                          load_draft_tokenizer, parse_options)
 
 logger = logging.getLogger(__name__)
 
@@ -147,11 +147,12 @@ class HFBackend:
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
-        tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
+        quantize = parse_method(config.properties.get("quantize"))
         speculative = parse_options(config.properties)
+        tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
             check_draft_tokenizer(config.model_id, speculative.draft, tokenizer,
-                                  AutoTokenizer.from_pretrained(speculative.draft, trust_remote_code=config.trust_remote_code))
+                                  load_draft_tokenizer(speculative.draft, trust_remote_code=config.trust_remote_code))
         kwargs = dict(common)
         kwargs["dtype" if _version(transformers) >= (4, 56) else "torch_dtype"] = dtype
         multi_gpu = device == "cuda" and (config.tensor_parallel_degree or torch.cuda.device_count()) > 1
@@ -160,7 +161,7 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
-        self.quantized = self._quantize(model, parse_method(config.properties.get("quantize")))
+        self.quantized = self._quantize(model, quantize)
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))

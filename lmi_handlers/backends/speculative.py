@@ -105,6 +105,17 @@ def tokenizer_mismatch(target: Any, draft: Any) -> str | None:
     return None
 
 
+def load_draft_tokenizer(draft_dir: str, **kwargs: Any) -> Any:
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(draft_dir, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ConfigError("speculative_draft_model", draft_dir, f"no draft model's tokenizer loads from there "
+                          f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); give a model "
+                          f"directory with the target's tokenizer, or {NGRAM} for prompt lookup") from None
+
+
 def check_draft_tokenizer(target_dir: str, draft_dir: str, target: Any, draft: Any) -> None:
     problem = tokenizer_mismatch(target, draft)
     if problem:
