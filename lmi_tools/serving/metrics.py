@@ -80,6 +80,9 @@ ENGINE_METRICS = {
     "prefix_cache_prompt_tokens": ("lmi_prefix_cache_queries", True, "Prompt tokens looked up in the prefix cache"),
     "prefix_cache_hit_rate": ("lmi_prefix_cache_hit_rate", False, "Prefix cache hits / queries, in tokens"),
     "preemptions": ("lmi_preemptions", True, "Sequences preempted (recomputed later) when the KV pool ran dry"),
+    "spec_draft_tokens": ("lmi_spec_decode_draft_tokens", True, "Draft tokens proposed by speculative decoding"),
+    "spec_accepted_tokens": ("lmi_spec_decode_accepted_tokens", True, "Draft tokens the target model accepted"),
+    "spec_acceptance_rate": ("lmi_spec_decode_acceptance_rate", False, "Accepted / proposed draft tokens"),
 }
 
 
