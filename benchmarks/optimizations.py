@@ -11,12 +11,17 @@ clients, ``benchmarks/rolling_batch.py``'s driver), on SmolLM2-135M-Instruct, fo
 
 For each it prints output tokens/s (wall clock), p50 inter-token latency, TTFT p50, the source's throughput
 estimate, the blended $/1M tokens, and the model's weight memory, beside plain decoding at the same concurrency.
+Speculative rows (prompt lookup, a draft model, and prompt lookup on int8 weights) add the draft acceptance rate
+and whether their greedy text equals that of the same weights without speculation (plain, or int8), on the same
+prompts. A speculating stream delivers tokens
+in bursts (several per step, arriving together), so its median gap says nothing: its C/ITL uses the mean gap.
 
 Then the quality of int8 weights against full precision on a fixed text set: greedy-token agreement (the int8
 model's greedy choice at each position of the full-precision greedy continuation, and whole continuations that
 match) and the mean log-likelihood per token of fixed texts under both.
 
     .venv/bin/python benchmarks/optimizations.py --model-dir out/smollm2 [--new-tokens 250] [--concurrency 1,8]
+        [--techniques plain,ngram]
 
 Figures, not assertions. The machine is shared; run it twice before trusting a ratio under 1.2x.
 """
@@ -40,11 +45,15 @@ from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 from lmi_handlers.backends.quantize import model_bytes, quantize_weights  # noqa: E402
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_tools.bench.metrics import blended_price_3_to_1  # noqa: E402
-from lmi_tools.serving.worker.frontend import init_input  # noqa: E402
+from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
 from rolling_batch import handler_run  # noqa: E402
 
-#: The techniques: name -> serving.properties options on top of plain continuous batching.
-TECHNIQUES = {"plain": {}, "int8": {"quantize": "static_int8"}}
+#: The techniques: name -> serving.properties options on top of plain continuous batching ("{model}" is the model
+#: directory: SmolLM2's own int8 copy is the draft, the only smaller model of its tokenizer here).
+TECHNIQUES = {"plain": {}, "int8": {"quantize": "static_int8"},
+              "ngram": {"speculative_draft_model": "[ngram]"},
+              "draft": {"speculative_draft_model": "{model}", "speculative_draft_quantize": "static_int8"},
+              "int8+ngram": {"quantize": "static_int8", "speculative_draft_model": "[ngram]"}}
 
 # A fixed text set written for this benchmark (no data set can be downloaded here): varied, ordinary prose.
 TEXTS = [
@@ -68,6 +77,9 @@ TEXTS = [
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis briefly.",
              "List three uses of Python.", "Who wrote Hamlet?", "Give me a recipe for pancakes.",
              "What is 12 times 13?", "Describe a cat in two sentences."]
+
+
+JSON = [("Content-Type", "application/json")]
 
 
 def chat(tokenizer, content: str) -> str:
@@ -99,33 +111,73 @@ def load(model_dir: Path, concurrency: int, max_len: int, options: dict[str, str
 
 
 def measure(args, prompts: dict[str, list[str]], max_len: int) -> list[dict]:
-    rows = []
-    for technique, options in TECHNIQUES.items():
+    rows, texts_of = [], {}
+    for technique in args.techniques:
+        options = {k: v.format(model=args.model_dir.resolve()) for k, v in TECHNIQUES[technique].items()}
         handler = load(args.model_dir, max(args.concurrency), max_len, options)
         memory = model_bytes(handler.backend.model)
+        speculating = handler.backend.speculator is not None
         handler_run(handler, prompts["long"], 1, 1, 4)  # warm-up
         for workload, texts in prompts.items():
+            greedy = texts_of[technique, workload] = greedy_texts(handler, texts[:2], min(args.new_tokens, 64))
+            base = texts_of.get((_without_speculation(technique), workload))
             for c in args.concurrency:
+                before = handler.engine.stats()
                 result = handler_run(handler, texts, c, args.per_client if c == 1 else 1, args.new_tokens)
-                throughput = c / result["itl_p50"]
+                itl = result["itl_mean"] if speculating else result["itl_p50"]
+                throughput = c / itl
                 price = (1 - args.discount) * args.price_per_hour
                 rows.append({"workload": workload, "technique": technique, "concurrency": c,
                              "tokens_per_s": result["tokens_per_s"], "itl_p50_ms": result["itl_p50"] * 1000,
+                             "itl_basis": "mean" if speculating else "p50",
                              "ttft_p50_s": result["ttft_p50"], "throughput_from_itl": throughput,
                              "usd_per_1m_blended": blended_price_3_to_1(throughput, price),
-                             "weights_mib": memory / 2**20})
+                             "weights_mib": memory / 2**20,
+                             "acceptance": _acceptance(before, handler.engine.stats()) if speculating else None,
+                             "same_text": greedy == base if base is not None and speculating else None})
                 print(_line(rows[-1], rows), flush=True)
     return rows
+
+
+def _without_speculation(technique: str) -> str | None:
+    """The technique with the same weights and no speculation (whose greedy text a speculating one must equal)."""
+    from lmi_handlers.backends.speculative import SPECULATIVE_KEYS
+
+    options = {k: v for k, v in TECHNIQUES[technique].items() if k not in SPECULATIVE_KEYS}
+    return next((name for name, other in TECHNIQUES.items() if other == options), None)
+
+
+def greedy_texts(handler: Handler, prompts: list[str], new_tokens: int) -> list[str]:
+    """Each prompt's greedy text (all in one rolling batch), to compare a technique's with plain decoding's."""
+    loop, bodies = RollingBatchLoop(max_size=len(prompts)), {}
+    for i, prompt in enumerate(prompts):
+        payload = {"inputs": prompt, "parameters": {"max_new_tokens": new_tokens, "ignore_eos": True}}
+        loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=i, key=i))
+    while loop.active:
+        for item in loop.step(handler):
+            assert item.code is None, item.error
+            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    return [json.loads(bodies[i])["generated_text"] for i in range(len(prompts))]
+
+
+def _acceptance(before: dict, after: dict) -> float | None:
+    drafted = after["spec_draft_tokens"] - before["spec_draft_tokens"]
+    return (after["spec_accepted_tokens"] - before["spec_accepted_tokens"]) / drafted if drafted else None
 
 
 def _line(row: dict, rows: list[dict]) -> str:
     plain = next((r for r in rows if r["technique"] == "plain" and r["workload"] == row["workload"]
                   and r["concurrency"] == row["concurrency"]), None)
     ratio = f" = {row['tokens_per_s'] / plain['tokens_per_s']:.2f}x plain" if plain and plain is not row else ""
-    return (f"{row['workload']:>8} c{row['concurrency']:<2} {row['technique']:>6}: {row['tokens_per_s']:6.2f} tok/s"
+    speculation = ""
+    if row["acceptance"] is not None or row["itl_basis"] == "mean":
+        accepted = "none drafted" if row["acceptance"] is None else f"{row['acceptance']:.0%} accepted"
+        same = {True: "same as", False: "DIFFERS from", None: "not compared with"}[row["same_text"]]
+        speculation = f"; {accepted}, greedy text {same} {_without_speculation(row['technique'])}"
+    return (f"{row['workload']:>8} c{row['concurrency']:<2} {row['technique']:>10}: {row['tokens_per_s']:6.2f} tok/s"
             f"{ratio}; ITL p50 {row['itl_p50_ms']:.0f} ms, TTFT p50 {row['ttft_p50_s']:.2f} s, "
-            f"C/ITL {row['throughput_from_itl']:.1f} tok/s, ${row['usd_per_1m_blended']:.2f}/1M blended, "
-            f"weights {row['weights_mib']:.0f} MiB")
+            f"C/ITL({row['itl_basis']}) {row['throughput_from_itl']:.1f} tok/s, "
+            f"${row['usd_per_1m_blended']:.2f}/1M blended, weights {row['weights_mib']:.0f} MiB{speculation}")
 
 
 def quality(model_dir: Path, new_tokens: int) -> dict:
@@ -168,9 +220,15 @@ def main() -> None:
     parser.add_argument("--discount", type=float, default=0.0, help="the source's (1 - discount) factor")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                         help="torch threads (on a busy shared machine 1 is steadier: spinning threads wait on each other)")
+    parser.add_argument("--techniques", default=",".join(TECHNIQUES),
+                        type=lambda text: [t for t in text.split(",") if t],
+                        help=f"which to run, plain first for the ratios (default all: {', '.join(TECHNIQUES)})")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--json", type=Path, help="also write the figures here")
     args = parser.parse_args()
+    unknown = [t for t in args.techniques if t not in TECHNIQUES]
+    if unknown or not args.techniques:
+        parser.error(f"--techniques {','.join(unknown) or '(none)'}: choose from {', '.join(TECHNIQUES)}")
     if not (args.model_dir / "config.json").is_file():
         sys.exit(f"{args.model_dir} holds no model: write SmolLM2 there first (lmi model smollm2 {args.model_dir})")
     torch.set_num_threads(args.threads)

@@ -165,6 +165,9 @@ class Encoder:
                                    "prompt_tokens": result.prompt_tokens, "inputs": self.prompt}
         if result.seed is not None:
             details["seed"] = result.seed
+        if result.speculation is not None:
+            details.update(draft_tokens=result.speculation[0], accepted_draft_tokens=result.speculation[1],
+                           acceptance_rate=result.acceptance_rate)
         if with_tokens:
             details["tokens"] = [self._token_dict(t) for t in result.tokens]
         return details

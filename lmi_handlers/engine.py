@@ -60,12 +60,16 @@ class Engine:
         self.backend.reset()
 
     def stats(self) -> dict[str, int | float]:
-        """Counters for the server's log and metrics: sequences, KV blocks, prefix hits, preemptions."""
+        """Counters for the server's log and metrics: sequences, KV blocks, prefix hits, preemptions, and the
+        draft acceptance rate when the backend speculates."""
         out: dict[str, int | float] = {"running": len(self.running), "waiting": len(self.waiting),
                                        "preemptions": self.scheduler.preemptions}
         kv = getattr(self.backend, "kv", None)
         if kv is not None:
             out.update(kv.stats())
+        speculation = getattr(self.backend, "speculation_stats", None)
+        if speculation is not None:
+            out.update(speculation())
         return out
 
     def step(self) -> dict[int, list[Event]]:
@@ -89,23 +93,37 @@ class Engine:
         kv = getattr(self.backend, "kv", None)
         for chunk in chunks:
             seq = chunk.seq
-            seq.num_cached = chunk.end
+            emitted = 0
+            if chunk.sample:
+                emitted, events[seq.uid] = self._append(seq, chosen[seq.uid])
+            # A speculating backend returns several tokens: all but the last were verified inside this
+            # step's forward, so their keys are cached; a rejected draft's slots are simply written over.
+            seq.num_cached = chunk.end + max(emitted - 1, 0)
             if kv is not None:
                 kv.computed(seq)
-            if chunk.sample:
-                token_id, log_prob = chosen[seq.uid]
-                try:
-                    events[seq.uid] = seq.append(token_id, log_prob)
-                except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-                    logger.exception("detokenizing sequence %d failed", seq.uid)
-                    events[seq.uid] = [seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}")]
-                if seq.finished:
-                    self.backend.release(seq)
+            if seq.finished:
+                self.backend.release(seq)
         self.running = [seq for seq in self.running if not seq.finished]
         if time.monotonic() - self._logged >= STATS_EVERY:
             self._logged = time.monotonic()
             logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))
         return events
+
+    @staticmethod
+    def _append(seq: SequenceState, picks: tuple[int, float] | list[tuple[int, float]]) -> tuple[int, list[Event]]:
+        """Append one step's token(s) until the sequence finishes; returns (tokens appended, events)."""
+        events: list[Event] = []
+        appended = 0
+        for token_id, log_prob in picks if isinstance(picks, list) else [picks]:
+            appended += 1
+            try:
+                events += seq.append(token_id, log_prob)
+            except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
+                logger.exception("detokenizing sequence %d failed", seq.uid)
+                events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
+            if seq.finished:
+                break
+        return appended, events
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""

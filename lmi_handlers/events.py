@@ -43,6 +43,14 @@ class GenerationResult:
     prompt_tokens: int
     tokens: tuple[Token, ...]
     seed: int | None = None
+    #: Speculative decoding: (draft tokens proposed, of which the target accepted), None when it was off.
+    speculation: tuple[int, int] | None = None
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        if not self.speculation or not self.speculation[0]:
+            return None
+        return round(self.speculation[1] / self.speculation[0], 4)
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,8 @@ class SequenceState:
         self.backend_state: Any = None
         self.sampler_state: Any = None
         self.num_cached = 0
+        #: (draft tokens proposed, of which accepted) when the backend speculates for this sequence, else None.
+        self.speculation: tuple[int, int] | None = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._detokenizer = IncrementalDetokenizer(decode, self.prompt_ids)
@@ -82,7 +84,7 @@ class SequenceState:
 
     def result(self, reason: FinishReason) -> GenerationResult:
         return GenerationResult(self.text, reason, len(self.generated), len(self.prompt_ids),
-                                tuple(self.tokens), self.seed)
+                                tuple(self.tokens), self.seed, self.speculation)
 
     def fail(self, code: int, message: str) -> ErrorEvent:
         self.finished = True

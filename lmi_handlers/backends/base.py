@@ -47,9 +47,10 @@ class Backend(Protocol):
     #: Whether ``step`` takes chunks that start after 0 (chunked prefill, prefix hits, recompute).
     chunked_prefill: bool
 
-    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float] | list[tuple[int, float]]]:
         """Run ``batch``; returns ``{sequence uid: (token id, log probability)}`` for every chunk whose
-        ``sample`` is true."""
+        ``sample`` is true. A backend that speculates may answer a list of them for a sequence (the tokens it
+        verified in this step, in order): the engine appends them until the sequence finishes."""
         ...
 
     def release(self, seq: SequenceState) -> None:

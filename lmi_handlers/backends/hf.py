@@ -17,6 +17,7 @@ torch and transformers are imported lazily; nothing here runs at import time.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import logging
 from pathlib import Path
@@ -30,6 +31,8 @@ from .decode_attention import grouped_decode_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
+from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
+                          load_draft_tokenizer, parse_options)
 
 logger = logging.getLogger(__name__)
 
@@ -128,7 +131,7 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS | {"quantize", "gguf_file"}
+    option_keys = POOL_KEYS | SPECULATIVE_KEYS | {"quantize", "gguf_file"}
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -144,7 +147,12 @@ class HFBackend:
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
+        quantize = parse_method(config.properties.get("quantize"))
+        speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
+        if speculative is not None and speculative.draft is not None:  # refused before any weights load
+            check_draft_tokenizer(config.model_id, speculative.draft, tokenizer,
+                                  load_draft_tokenizer(speculative.draft, trust_remote_code=config.trust_remote_code))
         kwargs = dict(common)
         kwargs["dtype" if _version(transformers) >= (4, 56) else "torch_dtype"] = dtype
         multi_gpu = device == "cuda" and (config.tensor_parallel_degree or torch.cuda.device_count()) > 1
@@ -153,7 +161,7 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
-        self.quantized = self._quantize(model, parse_method(config.properties.get("quantize")))
+        self.quantized = self._quantize(model, quantize)
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
@@ -164,6 +172,7 @@ class HFBackend:
         self._keep = _logits_keep_argument(model)
         self.pool = self._plan_pool(config, dtype)
         self.runner = self._choose_runner()
+        self.speculator = self._speculate(config, speculative)
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
 
@@ -176,6 +185,33 @@ class HFBackend:
         logger.info("weights: %s on %d linear layers (%s kernel), %.1f MiB -> %.1f MiB", done.method, done.layers,
                     done.kernel, done.bytes_before / 2**20, done.bytes_after / 2**20)
         return done
+
+    def _speculate(self, config: HandlerConfig, options: SpeculativeOptions | None) -> Speculator | None:
+        if options is None:
+            return None
+        if not isinstance(self.runner, PagedRunner):
+            logger.warning("speculative decoding runs on the paged KV cache, which %s cannot use: it is off",
+                           type(self.model).__name__)
+            return None
+        draft = None
+        if options.draft is not None:
+            skip = SPECULATIVE_KEYS | {"quantize", "gguf_file", "enable_prefix_caching"}
+            props = {k: v for k, v in config.properties.items() if k not in skip}
+            if options.draft_quantize:
+                props["quantize"] = options.draft_quantize
+            model = HFBackend(dataclasses.replace(config, model_id=options.draft, properties=props))
+            if not isinstance(model.runner, PagedRunner):
+                raise ConfigError("speculative_draft_model", options.draft, "the draft's architecture cannot use "
+                                  "the paged KV cache; pick a draft the target's runner supports, or [ngram]")
+            draft = DraftProposer(model.runner, self.torch, model.max_sequence_length)
+        self.runner.speculator = Speculator(self.torch, options, self.runner, draft)
+        logger.info("speculative decoding: %s, up to %d tokens per step", self.runner.speculator.method,
+                    options.length)
+        return self.runner.speculator
+
+    def speculation_stats(self) -> dict[str, Any]:
+        """Draft tokens proposed and accepted so far, for the engine's stats line ({} without speculation)."""
+        return self.speculator.stats() if self.speculator is not None else {}
 
     @property
     def kv(self) -> BlockManager | None:
@@ -216,12 +252,12 @@ class HFBackend:
         logger.warning("using the one-sequence-at-a-time path for %s", type(self.model).__name__)
         return native
 
-    def forward(self, input_ids: Any, **kwargs: Any) -> Any:
-        """Last-position logits, ``[rows, vocab]``."""
+    def forward(self, input_ids: Any, last: int = 1, **kwargs: Any) -> Any:
+        """Last-position logits, ``[rows, vocab]``; with ``last`` > 1 the last positions', ``[rows, last, vocab]``."""
         if self._keep:
-            kwargs[self._keep] = 1
+            kwargs[self._keep] = last
         out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
-        return out.logits[:, -1], out.past_key_values
+        return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), out.past_key_values
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         with self.torch.inference_mode():
@@ -291,11 +327,27 @@ class PagedRunner:
         self.dtype = next(backend.model.parameters()).dtype
         self.neg = self.torch.finfo(self.dtype).min
         self.max_position = backend.max_sequence_length - 1
+        self.speculator: Speculator | None = None  # set by the backend with option.speculative_draft_model
 
-    def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
-        seqs, rows = [], []
-        for group, attention in (([c for c in batch if len(c.tokens) == 1], self.decode_attention),
-                                 ([c for c in batch if len(c.tokens) > 1], None)):
+    def step(self, batch: Sequence[Chunk]) -> dict[int, Any]:
+        decode = [c for c in batch if len(c.tokens) == 1]
+        sampled = [c for c in decode if c.sample]  # (a one-token piece of a chunked prompt samples nothing)
+        proposals = self.speculator.plan(sampled) if self.speculator is not None and sampled else {}
+        seqs, rows, out = [], [], {}
+        if proposals:
+            decode = [Chunk(c.seq, c.start, [*c.tokens, *proposals[c.seq.uid].tokens]) if c.seq.uid in proposals
+                      else c for c in decode]
+            width = max(len(c.tokens) for c in decode)
+            logits = self._forward(decode, None, last=width)  # every row padded to the widest, in one forward
+            for chunk, row in zip(decode, logits):
+                if chunk.seq.uid in proposals:
+                    out[chunk.seq.uid] = self.speculator.verify(chunk.seq, row[width - len(chunk.tokens):],
+                                                                proposals[chunk.seq.uid])
+                elif chunk.sample:
+                    seqs.append(chunk.seq)
+                    rows.append(row[-1:])
+            decode = []
+        for group, attention in ((decode, self.decode_attention), ([c for c in batch if len(c.tokens) > 1], None)):
             if not group:
                 continue
             logits = self._forward(group, attention)
@@ -303,13 +355,14 @@ class PagedRunner:
             if keep:
                 rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
                 seqs += [group[i].seq for i in keep]
-        if not seqs:
-            return {}
-        picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
-        return {seq.uid: choice for seq, choice in zip(seqs, picked)}
+        if seqs:
+            picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
+            out.update((seq.uid, choice) for seq, choice in zip(seqs, picked))
+        return out
 
-    def _forward(self, chunks: Sequence[Chunk], attention: str | None) -> Any:
-        """Run ``chunks`` (left-padded to one width) through the model; last-position logits per chunk."""
+    def _forward(self, chunks: Sequence[Chunk], attention: str | None, last: int = 1) -> Any:
+        """Run ``chunks`` (left-padded to one width) through the model; each chunk's logits at its last position
+        (``[rows, vocab]``), or at its last ``last`` positions (``[rows, last, vocab]``)."""
         torch, device, size = self.torch, self.backend.device, self.block_size
         width = max(len(c.tokens) for c in chunks)
         pad = self.backend.tokenizer.pad_id
@@ -338,7 +391,7 @@ class PagedRunner:
         if attention is not None:
             config._attn_implementation = attention
         try:
-            logits, _ = self.backend.forward(ids, attention_mask=mask, past_key_values=self.cache,
+            logits, _ = self.backend.forward(ids, last, attention_mask=mask, past_key_values=self.cache,
                                              position_ids=positions.clamp(0, self.max_position))
         finally:
             config._attn_implementation = stock
@@ -346,9 +399,13 @@ class PagedRunner:
 
     def release(self, seq: SequenceState) -> None:
         self.blocks.release(seq)
+        if self.speculator is not None:
+            self.speculator.release(seq)
 
     def reset(self) -> None:
         self.blocks.reset()
+        if self.speculator is not None:
+            self.speculator.reset()
 
     # --- load-time self-check ---------------------------------------------------------------
 

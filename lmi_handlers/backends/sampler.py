@@ -65,22 +65,51 @@ def _penalize(torch: Any, scores: Any, seqs: Sequence[SequenceState], rows: list
     return scores
 
 
-def _sample(torch: Any, scores: Any, seqs: Sequence[SequenceState], rows: list[int]) -> Any:
+def _sorted_probs(torch: Any, scores: Any, params: Sequence[Any]) -> tuple[Any, Any]:
+    """Each row's sampling distribution after temperature, top-k and top-p, in descending-logit order:
+    (probabilities, vocabulary index of each column); a row's probabilities may not sum to one."""
     device, vocab = scores.device, scores.shape[-1]
-    params = [seqs[row].request.sampling for row in rows]
     temperature = torch.tensor([p.temperature for p in params], device=device)[:, None]
     top_k = torch.tensor([p.top_k if p.top_k > 0 else vocab for p in params], device=device)[:, None]
     top_p = torch.tensor([p.top_p for p in params], device=device)[:, None]
-    ordered, order = (scores[torch.tensor(rows, device=device)] / temperature).sort(dim=-1, descending=True)
+    ordered, order = (scores / temperature).sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device)[None, :]
     ordered = ordered.masked_fill(ranks >= top_k, float("-inf"))
     probs = torch.softmax(ordered, dim=-1)
     # top-p: drop a token when the more likely ones already reach p (the most likely always stays).
     probs = probs.masked_fill((probs.cumsum(dim=-1) - probs >= top_p) & (ranks > 0), 0.0)
+    return probs, order
+
+
+def _sample(torch: Any, scores: Any, seqs: Sequence[SequenceState], rows: list[int]) -> Any:
+    device = scores.device
+    probs, order = _sorted_probs(torch, scores[torch.tensor(rows, device=device)],
+                                 [seqs[row].request.sampling for row in rows])
     cumulative = probs.cumsum(dim=-1)
     draws = torch.cat([_uniform(torch, seqs[row], device) for row in rows])[:, None] * cumulative[:, -1:]
-    picks = torch.searchsorted(cumulative, draws).clamp(max=vocab - 1)
+    picks = torch.searchsorted(cumulative, draws).clamp(max=scores.shape[-1] - 1)
     return order.gather(1, picks)[:, 0]
+
+
+def distribution(torch: Any, logits: Any, seq: SequenceState) -> Any:
+    """The probabilities ``seq`` samples its next token from, for each row of ``logits`` ([rows, vocab], one
+    sequence's consecutive positions), normalized, in vocabulary order (speculative decoding compares them)."""
+    rows = logits.float()
+    probs, order = _sorted_probs(torch, rows, [seq.request.sampling] * rows.shape[0])
+    out = torch.zeros_like(probs).scatter_(1, order, probs)
+    return out / out.sum(dim=-1, keepdim=True)
+
+
+def draw(torch: Any, probs: Any, seq: SequenceState) -> int:
+    """One token from ``probs`` ([vocab], summing to one or less) with the sequence's own generator."""
+    cumulative = probs.cumsum(dim=-1)
+    point = _uniform(torch, seq, probs.device) * cumulative[-1]
+    return int(torch.searchsorted(cumulative, point).clamp(max=probs.shape[-1] - 1))
+
+
+def uniform(torch: Any, seq: SequenceState, device: Any) -> float:
+    """One number in [0, 1) from the sequence's own generator."""
+    return float(_uniform(torch, seq, device))
 
 
 def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[tuple[int, float]]:

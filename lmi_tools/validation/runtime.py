@@ -11,10 +11,11 @@ from __future__ import annotations
 import logging
 from contextlib import contextmanager
 from dataclasses import replace
+from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from lmi_handlers.backends.neuronx_options import CompileSettings, NeuronxOptions, plan_compile
-from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
+from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
 
 
 # Where SageMaker and `docker run -v` put the model directory inside the container.
@@ -59,6 +60,21 @@ def hf_quantize(props: Mapping[str, str]) -> str | None:
     from lmi_handlers.backends.quantize import parse_method
 
     return parse_method(props.get("quantize"))
+
+
+def hf_speculation(props: Mapping[str, str], model_id: str) -> None:
+    """The hf backend's speculative-decoding options as it reads them before load, and, where the target and the
+    draft are directories here, its tokenizer comparison; raises ``ConfigError``."""
+    from lmi_handlers.backends.speculative import check_draft_tokenizer, load_draft_tokenizer, parse_options
+
+    options = parse_options(props)
+    if options is None or options.draft is None or not Path(model_id).is_dir() or not Path(options.draft).is_dir():
+        return
+    try:
+        target = load_draft_tokenizer(model_id)
+    except ConfigError:
+        return  # no tokenizer beside the target's config: nothing to compare here
+    check_draft_tokenizer(model_id, options.draft, target, load_draft_tokenizer(options.draft))
 
 
 def ignored_options(props: Mapping[str, str], backend: str) -> list[str]:

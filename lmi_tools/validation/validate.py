@@ -23,7 +23,7 @@ from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from .runtime import handler_config, hf_quantize, neuronx_plan
+from .runtime import handler_config, hf_quantize, hf_speculation, neuronx_plan
 
 AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
 
@@ -154,6 +154,7 @@ def resolve_settings(target: Target) -> None:
         return
     try:
         target.int8 = hf_quantize(target.props) is not None
+        hf_speculation(target.props, config.model_id)
     except ConfigError as exc:
         target.refusal = exc
     if config.dtype != "auto":

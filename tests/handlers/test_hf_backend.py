@@ -190,21 +190,14 @@ def test_rolling_batch_greedy_equals_generate_whenever_a_request_joins(tiny_mode
     tokenizer, _ = reference
     handler = loaded(tiny_model_dir, tmp_path, rolling_batch="auto", max_rolling_batch_size=6)
     rng = random.Random(seed)
-    pending = [(f"r{i}", rng.choice(PROMPTS) + " " * rng.randint(0, 1) + str(i), rng.randint(1, 24))
-               for i in range(14)]
-    loop = RollingBatchLoop(max_size=6)
-    bodies = {}
-    while pending or loop.active:
-        while pending and loop.room and rng.random() < 0.6:
-            name, prompt, budget = pending.pop(0)
-            payload = {"inputs": prompt, "parameters": {"max_new_tokens": budget, "details": True}}
-            loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=1, key=(name, prompt,
-                                                                                                     budget)))
-        if not loop.active:
-            continue
-        for item in loop.step(handler):
-            assert item.code is None, item.error
-            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    joins, step = [], 0
+    for i in range(14):
+        prompt, budget = rng.choice(PROMPTS) + " " * rng.randint(0, 1) + str(i), rng.randint(1, 24)
+        payload = {"inputs": prompt, "parameters": {"max_new_tokens": budget, "details": True}}
+        joins.append((step, RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=1,
+                                           key=(f"r{i}", prompt, budget))))
+        step += rng.randint(0, 2)  # several join some steps, none others
+    bodies = RollingBatchLoop(max_size=6).run(handler, joins)
     assert len(bodies) == 14
     for (name, prompt, budget), body in bodies.items():
         assert token_ids(body) == expected_ids(reference, tokenizer(prompt).input_ids, budget), name

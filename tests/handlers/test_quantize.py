@@ -85,18 +85,11 @@ def test_weights_shrink_the_head_is_int8_and_the_embeddings_stay(quantized_refer
 
 def rolling(handler, jobs):
     """Token ids per prompt; ``jobs`` are (prompt, max_new_tokens, step at which it joins), as DJL sends them."""
-    loop, bodies, step, pending = RollingBatchLoop(max_size=4), {}, 0, sorted(jobs, key=lambda job: job[2])
-    while pending or loop.active:
-        while pending and pending[0][2] <= step:
-            prompt, budget, _ = pending.pop(0)
-            body = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": budget, "details": True}})
-            loop.add(RollingRequest(request_input(JSON, body.encode()), seed=1, key=prompt))
-        step += 1
-        if not loop.active:
-            continue
-        for item in loop.step(handler):
-            assert item.code is None, item.error
-            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    joins = []
+    for prompt, budget, step in sorted(jobs, key=lambda job: job[2]):
+        body = json.dumps({"inputs": prompt, "parameters": {"max_new_tokens": budget, "details": True}})
+        joins.append((step, RollingRequest(request_input(JSON, body.encode()), seed=1, key=prompt)))
+    bodies = RollingBatchLoop(max_size=4).run(handler, joins)
     return {prompt: [t["id"] for t in json.loads(body)["details"]["tokens"]] for prompt, body in bodies.items()}
 
 

@@ -386,3 +386,23 @@ def test_container_model_path_is_the_model_directory_and_other_absolute_paths_ar
     weights = by_check(report, "weights")
     assert weights[0].level == "warning" and "absolute path that does not exist" in weights[0].message
     assert all("hub" not in f.message for f in report.findings if f.level == "error")
+
+
+def test_a_draft_model_with_another_tokenizer_is_an_error_naming_both(tmp_path, tiny_model_dir):
+    pytest.importorskip("torch")
+    from lmi_tools.models.tiny import TinySpec, build_tiny_model
+
+    stranger = build_tiny_model(tmp_path / "stranger", TinySpec(seed=1))
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf",
+             "option.model_id": str(tiny_model_dir), "option.rolling_batch": "scheduler"}
+    same = validate_model_dir(make_dir(tmp_path, {**props, "option.speculative_draft_model": str(tiny_model_dir)},
+                                       "g5.xlarge", name="same"))
+    assert same.ok, [f.message for f in same.errors]
+    other = validate_model_dir(make_dir(tmp_path, {**props, "option.speculative_draft_model": str(stranger)},
+                                        "g5.xlarge", name="other"))
+    [error] = other.errors
+    assert "option.speculative_draft_model" in error.message and "vocabularies differ" in error.message
+    assert str(stranger) in error.message and str(tiny_model_dir) in error.message
+    length = validate_model_dir(make_dir(tmp_path, {**props, "option.speculative_draft_model": "[ngram]",
+                                                    "option.speculative_length": "40"}, "g5.xlarge", name="long"))
+    assert any("option.speculative_length='40' is invalid" in f.message for f in length.errors)

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 from lmi_handlers.backends.hf import HFBackend
 from lmi_handlers.backends.neuronx_options import NeuronxOptions, plan_compile
 from lmi_handlers.backends.quantize import parse_method
+from lmi_handlers.backends.speculative import parse_options
 from lmi_handlers.backends.scripted import ScriptedBackend
 from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
 from lmi_tools.instances import INSTANCES, Instance
@@ -70,7 +71,8 @@ def runtime_verdict(props: dict[str, str], model: dict, instance: Instance, mode
             if backend == "neuronx":
                 warnings += plan_compile(config, NeuronxOptions.from_properties(config.properties), model).warnings
             if backend == "hf":
-                parse_method(config.properties.get("quantize"))  # HFBackend reads it first thing at load
+                parse_method(config.properties.get("quantize"))  # HFBackend reads both first thing at load
+                parse_options(config.properties)
         except ConfigError as exc:
             return str(exc), []
     return None, warnings
@@ -131,6 +133,8 @@ OPTIONS = st.fixed_dictionaries({}, optional={
     "max_model_len": st.one_of(_integers(512, 4096, 100000), st.just("big")),
     "neuron_optimize_level": _integers(1, 3, 4),
     "fuse_qkv": st.sampled_from(["true", "perhaps"]),
+    "speculative_draft_model": st.sampled_from(["[ngram]", "/opt/ml/model/draft", ""]),
+    "speculative_length": st.sampled_from(["0", "5", "16", "17", "five"]),
 })
 
 

@@ -161,6 +161,21 @@ class RollingBatchLoop:
         out = handler.handle(self.next_input())
         return self.apply(out.code, out.properties, [out.content.value_at(i) for i in range(out.content.size())])
 
+    def run(self, handler: Any, joins: Iterable[tuple[int, RollingRequest]]) -> dict[Any, str]:
+        """Steps ``handler`` until every request has finished. ``joins`` are (step, request) in step order: a
+        request joins at the start of its step, or later when the batch is full. Returns each request's whole
+        body by key; a failed request raises (for tests and benchmarks that expect none)."""
+        pending, bodies, step = list(joins), {}, 0
+        while pending or self.active:
+            while pending and self.room and pending[0][0] <= step:
+                self.add(pending.pop(0)[1])
+            step += 1
+            for item in self.step(handler) if self.active else ():
+                if item.code is not None:
+                    raise RuntimeError(f"request {item.request.key!r} failed: {item.code} {item.error}")
+                bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+        return bodies
+
     def apply(self, code: int, properties: Mapping[str, Any], items: Sequence[bytes]) -> list[StepItem]:
         if code != 200 or len(items) != len(self.active):
             return self.fail_all(code if code != 200 else 500, "Batch inference failed")

@@ -46,20 +46,13 @@ def handler(smollm2_dir, tmp_path_factory):
 
 
 def serve(handler, payloads, join_every=1, seed=0):
-    """Requests through DJLServing's rolling-batch step protocol; one joins every ``join_every`` steps (at a
-    random step when 0). Returns each request's body."""
-    rng = random.Random(seed)
-    loop, pending, bodies, step = RollingBatchLoop(max_size=8), list(enumerate(payloads)), {}, 0
-    while pending or loop.active:
-        if pending and loop.room and (step % join_every == 0 if join_every else rng.random() < 0.5):
-            key, payload = pending.pop(0)
-            loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=1, key=key))
-        step += 1
-        if not loop.active:
-            continue
-        for item in loop.step(handler):
-            assert item.code is None, item.error
-            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    """Requests through DJLServing's rolling-batch step protocol; one joins every ``join_every`` steps (after a
+    random gap of 0-3 steps when 0). Returns each request's body."""
+    rng, step, joins = random.Random(seed), 0, []
+    for key, payload in enumerate(payloads):
+        joins.append((step, RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=1, key=key)))
+        step += join_every or rng.randint(0, 3)
+    bodies = RollingBatchLoop(max_size=8).run(handler, joins)
     return [bodies[i] for i in range(len(payloads))]
 
 
