@@ -149,14 +149,10 @@ def _without_speculation(technique: str) -> str | None:
 
 def greedy_texts(handler: Handler, prompts: list[str], new_tokens: int) -> list[str]:
     """Each prompt's greedy text (all in one rolling batch), to compare a technique's with plain decoding's."""
-    loop, bodies = RollingBatchLoop(max_size=len(prompts)), {}
-    for i, prompt in enumerate(prompts):
-        payload = {"inputs": prompt, "parameters": {"max_new_tokens": new_tokens, "ignore_eos": True}}
-        loop.add(RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=i, key=i))
-    while loop.active:
-        for item in loop.step(handler):
-            assert item.code is None, item.error
-            bodies[item.request.key] = bodies.get(item.request.key, "") + item.data
+    payloads = [{"inputs": prompt, "parameters": {"max_new_tokens": new_tokens, "ignore_eos": True}} for prompt in prompts]
+    bodies = RollingBatchLoop(max_size=len(prompts)).run(handler, [
+        (0, RollingRequest(request_input(JSON, json.dumps(payload).encode()), seed=i, key=i))
+        for i, payload in enumerate(payloads)])
     return [json.loads(bodies[i])["generated_text"] for i in range(len(prompts))]
 
 
