@@ -12,12 +12,15 @@ A new request whose body is large is parsed and tokenized on a thread while the 
 its job is ready its items are empty (Java skips empty data). A request that fails to parse, tokenize, decode
 or encode ends alone, with its own status.
 
-One extension: our local server marks a request whose client disconnected with the property
-``lmi_cancel=true`` so that its slot is freed at once; DJLServing never sends it.
+Two extensions of our local server's: it marks a request whose client disconnected with the property
+``lmi_cancel=true`` so that its slot is freed at once (DJLServing never sends it), and it reads the engine's
+counters (KV blocks, prefix cache, preemptions) from the step answer's ``lmi_engine_stats`` property (JSON) for
+its ``/metrics``. Java drops properties without the ``batch_`` prefix, so DJLServing ignores it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
@@ -30,6 +33,7 @@ from .job import Job
 logger = logging.getLogger(__name__)
 
 CANCEL_PROPERTY = "lmi_cancel"
+STATS_PROPERTY = "lmi_engine_stats"
 #: How long an idle step waits for a request being tokenized before answering "nothing yet".
 IDLE_WAIT = 0.05
 #: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
@@ -102,6 +106,7 @@ class RollingBatch:
         for i, entry in enumerate(self.active):
             output.add(djl.binary_encode(self._item(entry, events)), key="data", batch_index=i)
             output.add_property(f"batch_{i}_Content-Type", entry.content_type)
+        output.add_property(STATS_PROPERTY, json.dumps(self.engine.stats(), separators=(",", ":")))
         self.active = [entry for entry in self.active if not entry.done]
         return output
 

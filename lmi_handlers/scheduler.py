@@ -51,7 +51,7 @@ class Scheduler:
                 budget -= size
             elif not self._room_for_next_token(seq, waiting, running):
                 continue
-            chunks.append(Chunk(seq, seq.num_cached, seq.all_ids[seq.num_cached:seq.num_cached + size]))
+            chunks.append(Chunk(seq, seq.num_cached, seq.ids_between(seq.num_cached, seq.num_cached + size)))
         prefilled_any = any(len(chunk.tokens) > 1 for chunk in chunks)
         while waiting and len(running) < self.backend.max_batch_size and budget > 0:
             seq = waiting[0]
@@ -66,7 +66,7 @@ class Scheduler:
             size = seq.length - cached if not self.chunked else min(seq.length - cached, budget)
             budget -= size
             prefilled_any = True
-            chunks.append(Chunk(seq, cached, seq.all_ids[cached:cached + size]))
+            chunks.append(Chunk(seq, cached, seq.ids_between(cached, cached + size)))
         return chunks
 
     def _room_for_next_token(self, seq: SequenceState, waiting: deque[SequenceState],

@@ -55,6 +55,13 @@ class SequenceState:
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.generated)
 
+    def ids_between(self, start: int, end: int) -> list[int]:
+        """``all_ids[start:end]`` without building ``all_ids`` (a decode step needs one token of it)."""
+        prompt = len(self.prompt_ids)
+        if start >= prompt:
+            return self.generated[start - prompt:end - prompt]
+        return self.prompt_ids[start:end] + self.generated[:max(0, end - prompt)]
+
     def append(self, token_id: int, log_prob: float) -> list[Event]:
         """Record the next generated token; returns its ``TokenEvent``, plus the result if it was the last."""
         assert not self.finished, "token appended to a finished sequence"

@@ -52,11 +52,14 @@ class HFTokenizer:
         self.eos_ids = frozenset(eos)
         self.special_ids = frozenset(tokenizer.all_special_ids)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+        self._rust_decode = _plain_fast_decode(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf(text, add_special_tokens=True)["input_ids"])
 
     def decode(self, ids: Sequence[int]) -> str:
+        if self._rust_decode is not None:
+            return self._rust_decode(list(ids), skip_special_tokens=True)
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
@@ -68,6 +71,19 @@ class HFTokenizer:
 
     def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
         return list(self.hf(self.render_chat(messages), add_special_tokens=False)["input_ids"])
+
+
+def _plain_fast_decode(tokenizer: Any) -> Any:
+    """The Rust tokenizer's own ``decode`` where transformers' ``decode`` would return exactly its text (a fast
+    tokenizer that neither overrides decoding nor cleans up spaces), else None. Incremental detokenization
+    decodes twice per token and sequence; the Python wrapper around it cost about 3/4 of that time."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    kind = type(tokenizer)
+    plain = isinstance(tokenizer, PreTrainedTokenizerFast) and kind._decode is PreTrainedTokenizerFast._decode \
+        and kind.decode is PreTrainedTokenizerBase.decode and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    return tokenizer._tokenizer.decode if plain else None
 
 
 def _version(module: Any) -> tuple[int, int]:

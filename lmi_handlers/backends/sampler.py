@@ -122,7 +122,8 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> lis
     chosen = scores.argmax(dim=-1)
     if sampled:
         chosen[torch.tensor(sampled, device=logits.device)] = _sample(torch, scores, seqs, sampled)
-    log_probs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+    # log_softmax at one token per row, without writing out a [rows, vocab] tensor of log probabilities.
+    log_probs = logits.gather(1, chosen[:, None])[:, 0] - logits.logsumexp(dim=-1)
     ids = chosen.tolist()
     for row in penalized:
         seqs[row].sampler_state.seen[ids[row]] = True

@@ -4,7 +4,8 @@ Counted as requests pass: requests by model, route and status; time to first tok
 chunks (one per generation step in rolling batch) and end-to-end latency, from the moment a request was
 queued; prompt and generated tokens where an answer states them (the TGI and OpenAI routes, chat answers
 with ``usage``). Read from the models when scraped: queue depth, running sequences, readiness and worker
-restarts.
+restarts, and the engine's counters as of its latest rolling-batch step (KV blocks, prefix cache hits and
+queries in tokens as vLLM counts them, preemptions), where the handler reports them.
 """
 
 from __future__ import annotations
@@ -69,6 +70,22 @@ class _Timer:
             self.metrics.e2e.labels(self.model).observe(now - self.queued_at)
 
 
+# Engine counter (``Engine.stats()`` key) -> (metric, is a counter, help).
+ENGINE_METRICS = {
+    "waiting": ("lmi_waiting_sequences", False, "Sequences admitted by the handler, waiting for KV blocks or a row"),
+    "kv_blocks_total": ("lmi_kv_cache_blocks_total", False, "Blocks in the paged KV cache pool"),
+    "kv_blocks_used": ("lmi_kv_cache_blocks_used", False, "KV cache blocks held by running sequences"),
+    "kv_blocks_free": ("lmi_kv_cache_blocks_free", False, "KV cache blocks free or holding an idle cached prefix"),
+    "prefix_cache_hit_tokens": ("lmi_prefix_cache_hits", True, "Prompt tokens found in the prefix cache"),
+    "prefix_cache_prompt_tokens": ("lmi_prefix_cache_queries", True, "Prompt tokens looked up in the prefix cache"),
+    "prefix_cache_hit_rate": ("lmi_prefix_cache_hit_rate", False, "Prefix cache hits / queries, in tokens"),
+    "preemptions": ("lmi_preemptions", True, "Sequences preempted (recomputed later) when the KV pool ran dry"),
+    "spec_draft_tokens": ("lmi_spec_decode_draft_tokens", True, "Draft tokens proposed by speculative decoding"),
+    "spec_accepted_tokens": ("lmi_spec_decode_accepted_tokens", True, "Draft tokens the target model accepted"),
+    "spec_acceptance_rate": ("lmi_spec_decode_acceptance_rate", False, "Accepted / proposed draft tokens"),
+}
+
+
 class _ModelState:
     """Read from the models at scrape time."""
 
@@ -87,3 +104,15 @@ class _ModelState:
             ready.add_metric([name], 1 if model.status is Status.READY else 0)
             restarts.add_metric([name], model.restarts)
         yield from (queued, running, ready, restarts)
+        yield from self._engine_counters()
+
+    def _engine_counters(self) -> Iterator[Metric]:
+        models = [(name, model.rolling_batch.engine_stats) for name, model in list(self.store.models.items())]
+        for key, (metric, counter, text) in ENGINE_METRICS.items():
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            family = kind(metric, text, labels=["model"])
+            for name, stats in models:
+                if key in stats:
+                    family.add_metric([name], stats[key])
+            if family.samples:
+                yield family

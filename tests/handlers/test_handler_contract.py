@@ -187,6 +187,22 @@ def test_rolling_batch_step_protocol(tmp_path):
     assert loop.headers == {"a": "application/json", "b": "application/jsonlines", "bad": "application/json"}
 
 
+def test_rolling_steps_carry_the_engine_counters_outside_the_batch_headers(tmp_path):
+    handler = loaded(tmp_path, rolling_batch="auto", max_rolling_batch_size=4)
+    loop = JavaLoop(handler)
+    loop.submit("a", {"inputs": "a", "parameters": {"max_new_tokens": 3}})
+    loop.submit("b", {"inputs": "b", "parameters": {"max_new_tokens": 3}})
+    out = loop.step()
+    # No batch_ prefix: DJLServing drops it; our server reads it for /metrics.
+    assert json.loads(out.properties["lmi_engine_stats"]) == {"running": 2, "waiting": 0, "preemptions": 0}
+    assert loop.loop.engine_stats == {"running": 2, "waiting": 0, "preemptions": 0}
+    while loop.active:
+        loop.step()
+    assert loop.loop.engine_stats["running"] == 0
+    assert loop.loop.apply(200, {"lmi_engine_stats": "{not json"}, []) == []  # a garbled property fails nothing
+    assert loop.loop.engine_stats == {"running": 0, "waiting": 0, "preemptions": 0}
+
+
 def test_rolling_batch_failure_fails_that_step_only_and_recovers(tmp_path):
     handler = loaded(tmp_path, rolling_batch="scheduler")
     loop = JavaLoop(handler)

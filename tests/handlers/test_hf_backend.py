@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from lmi_handlers.backends.hf import HFTokenizer
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, batch_input, init_input, request_input
 
@@ -81,6 +82,18 @@ def test_greedy_equals_generate_inside_a_dynamic_batch(handler, reference):
     assert out.code == 200
     for i, (prompt, budget) in enumerate(zip(PROMPTS, budgets)):
         assert token_ids(bytes(out.content.value_at(i))) == expected_ids(reference, tokenizer(prompt).input_ids, budget)
+
+
+def test_decoding_through_the_rust_tokenizer_equals_transformers_decode(tiny_model_dir):
+    rng = random.Random(5)
+    for cleanup in (False, True):
+        tokenizer = transformers.AutoTokenizer.from_pretrained(tiny_model_dir, clean_up_tokenization_spaces=cleanup)
+        ours = HFTokenizer(tokenizer)
+        # The Rust decode only where transformers would not clean up spaces after it.
+        assert (ours._rust_decode is None) == cleanup
+        for length in (1, 2, 7, 40):
+            ids = [rng.randrange(len(tokenizer)) for _ in range(length)] + sorted(ours.special_ids)[:1]
+            assert ours.decode(ids) == tokenizer.decode(ids, skip_special_tokens=True)
 
 
 def test_streamed_text_equals_non_streamed_text(handler):

@@ -14,12 +14,13 @@ contract tests both use them, so what passes locally is what the container sends
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 from lmi_handlers.protocol import Input, PairList
-from lmi_handlers.rolling import CANCEL_PROPERTY
+from lmi_handlers.rolling import CANCEL_PROPERTY, STATS_PROPERTY
 
 from .codec import binary_decode
 
@@ -136,13 +137,15 @@ class RollingBatchLoop:
 
     New requests are appended; finished ones leave in place, so the handler's own list stays in step.
     A step whose answer is not 200 with exactly one item per request fails every active request and
-    the next step carries ``reset_rollingbatch``.
+    the next step carries ``reset_rollingbatch``. ``engine_stats`` keeps the engine's counters of the
+    latest answer that had them (our handler's ``lmi_engine_stats``; other handlers send none).
     """
 
     def __init__(self, max_size: int = 32):
         self.max_size = max_size
         self.active: list[RollingRequest] = []
         self.reset_next = False
+        self.engine_stats: dict[str, float] = {}
 
     @property
     def room(self) -> int:
@@ -177,6 +180,7 @@ class RollingBatchLoop:
         return bodies
 
     def apply(self, code: int, properties: Mapping[str, Any], items: Sequence[bytes]) -> list[StepItem]:
+        self._read_stats(properties.get(STATS_PROPERTY))
         if code != 200 or len(items) != len(self.active):
             return self.fail_all(code if code != 200 else 500, "Batch inference failed")
         results, survivors = [], []
@@ -192,6 +196,16 @@ class RollingBatchLoop:
                 survivors.append(request)
         self.active = survivors
         return results
+
+    def _read_stats(self, raw: Any) -> None:
+        if not raw:
+            return
+        try:
+            stats = json.loads(raw)
+        except ValueError:
+            return  # counters are a nicety: a garbled property never fails the step
+        if isinstance(stats, dict):
+            self.engine_stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
 
     def fail_all(self, code: int, error: str) -> list[StepItem]:
         """Every active request ends with this error; the next step resets the handler."""
