@@ -15,6 +15,18 @@ BUCKET=my-lmi-artifacts
 ROLE=arn:aws:iam::123456789012:role/SageMakerRole
 rm -rf "$OUT" && mkdir -p "$OUT"
 
+# serve LOG ARGS...: start `lmi serve ARGS --port $PORT` in the background as $SERVER and wait for /ping.
+serve() {
+  local log=$1; shift
+  "$PYTHON" -m lmi_tools serve "$@" --port "$PORT" > "$log" 2>&1 &
+  SERVER=$!
+  for _ in $(seq 1 120); do
+    kill -0 $SERVER 2>/dev/null || { cat "$log"; exit 1; }
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/ping")" = 200 ] && return
+    sleep 0.5
+  done
+}
+
 # Dummy credentials and a region: nothing here reaches AWS.
 export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_DEFAULT_REGION=us-east-1
 
@@ -43,13 +55,7 @@ lmi deploy --artifact "$ARTIFACT" --instance ml.g4dn.xlarge --role "$ROLE" --nam
 echo "--- 4. SageMaker's part: copy the model data to /opt/ml/model and start the container"
 "$PYTHON" -c "import boto3; boto3.client('s3').download_file('$BUCKET', 'tiny/model.tar.gz', '$OUT/downloaded.tar.gz')"
 mkdir -p "$OUT/opt-ml-model/tiny-ep" && tar -C "$OUT/opt-ml-model/tiny-ep" -xzf "$OUT/downloaded.tar.gz"
-"$PYTHON" -m lmi_tools serve "$OUT/opt-ml-model/tiny-ep" --port "$PORT" --sagemaker-part-size 5 > "$OUT/serve.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 1 120); do
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve.log"; exit 1; }
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/ping")" = 200 ] && break
-  sleep 0.5
-done
+serve "$OUT/serve.log" "$OUT/opt-ml-model/tiny-ep" --sagemaker-part-size 5
 
 echo "--- 5. invoke: plain, streamed, and DJLServing's own /predictions for comparison"
 ASK=(--prompt "The quick brown fox" --parameters '{"max_new_tokens": 16}' --endpoint-url "http://127.0.0.1:$PORT")
@@ -66,13 +72,6 @@ echo "--- 7. inference components: the plan (dry run: moto has none) and lmi ser
 lmi deploy --artifact "$ARTIFACT" --instance ml.g5.12xlarge --role "$ROLE" --name pool --component chat \
   --model-dir "$OUT/model" --dry-run > "$OUT/plan-component.json"
 kill $SERVER && wait $SERVER 2>/dev/null || true
-"$PYTHON" -m lmi_tools serve "chat=$OUT/opt-ml-model/tiny-ep" "code=$OUT/opt-ml-model/tiny-ep" --endpoint pool \
-  --port "$PORT" > "$OUT/serve-pool.log" 2>&1 &
-SERVER=$!
-for _ in $(seq 1 120); do
-  kill -0 $SERVER 2>/dev/null || { cat "$OUT/serve-pool.log"; exit 1; }
-  [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/ping")" = 200 ] && break
-  sleep 0.5
-done
+serve "$OUT/serve-pool.log" "chat=$OUT/opt-ml-model/tiny-ep" "code=$OUT/opt-ml-model/tiny-ep" --endpoint pool
 lmi invoke pool --component chat "${ASK[@]}"
 lmi invoke pool --component code "${ASK[@]}" --stream

@@ -20,6 +20,10 @@ from typing import Any
 from ..errors import ConfigError
 
 METHODS = ("static_int8",)
+#: From this many rows (prompt tokens of a prefill, or sequences of a decode batch) an int8 layer dequantizes into
+#: a GEMM instead of ``_weight_int8pack_mm``: one thread, a SmolLM2 576 x 1536 matrix, the kernel takes about
+#: the fp32 GEMM's time up to 8 rows and twice it from 16 (docs/optimizations.md).
+GEMM_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -112,9 +116,16 @@ def _int8_linear_class() -> type:
 
         def forward(self, x: Any) -> Any:
             flat = x.reshape(-1, self.in_features)
-            if self.kernel == "int8pack_mm":  # bf16 activations: torch's fast path (fp32 ones take a slow one)
+            if self.kernel == "int8pack_mm" and flat.shape[0] < GEMM_ROWS:
+                # bf16 activations: torch's fast path (fp32 ones take a slow one)
                 out = torch._weight_int8pack_mm(flat.to(torch.bfloat16).contiguous(), self.weight_int8,
                                                 self.scales).to(x.dtype)
+            elif self.kernel == "int8pack_mm":
+                # Many rows (a prefill): int8pack_mm is a matrix-vector kernel, twice as slow as a GEMM here, so
+                # dequantize into an fp32 GEMM. Same inputs as the kernel (bf16 activations, int8 weights, exact in
+                # fp32) and the same bf16 result, so prefill and decode rows compute the same numbers.
+                widened = flat.to(torch.bfloat16).float() @ self.weight_int8.float().t()
+                out = (widened * self.scales.float()).to(torch.bfloat16).to(x.dtype)
             else:
                 out = (flat @ self.weight_int8.to(flat.dtype).t()) * self.scales
             if self.bias is not None:

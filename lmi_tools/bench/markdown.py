@@ -110,15 +110,18 @@ def markdown(report: Mapping[str, Any]) -> str:
     out = ["# lmi bench report", "", f"{title_of(report)}  ", f"created {report.get('created')}", ""]
     out += _settings_lines(report.get("settings", {})) + ["", "## Results", ""]
     out += metric_table([(f"C={r['concurrency']}", r["summary"]) for r in runs])
-    out += ["", "## Token counts", "", "| C | input tokens | output tokens | input:output | counted by |",
-            "|---:|---:|---:|---:|---|"]
+    out += ["", "## Token counts", "", "| C | input tokens | output tokens | output per request (min-max) | input:output | finish reasons | counted by |",
+            "|---:|---:|---:|---:|---:|---|---|"]
     for run in runs:
         tokens = run["summary"].get("tokens", {})
         sources = tokens.get("sources", {})
         counted = "; ".join(f"{kind}: " + ", ".join(f"{k} {v}" for k, v in sources.get(kind, {}).items())
                             for kind in ("input", "output"))
+        span = tokens.get("output_range")
+        reasons = ", ".join(f"{k} {v}" for k, v in tokens.get("finish_reasons", {}).items()) or "-"
         out.append(f"| {run['concurrency']} | {fmt(tokens.get('input'), 'int')} | {fmt(tokens.get('output'), 'int')}"
-                   f" | {fmt(tokens.get('input_to_output'), 'num')} | {counted} |")
+                   f" | {f'{span[0]}-{span[1]}' if span else '-'} | {fmt(tokens.get('input_to_output'), 'num')}"
+                   f" | {reasons} | {counted} |")
     errors = [(run["concurrency"], message, count) for run in runs
               for message, count in run["summary"].get("errors", {}).items()]
     if errors:

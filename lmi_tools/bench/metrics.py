@@ -132,6 +132,11 @@ def token_totals(ok: Sequence[RequestRecord]) -> dict[str, Any]:
         "input_to_output": inputs / outputs if inputs is not None and outputs else None,
         "sources": {"input": dict(Counter(r.input_tokens_source or "unknown" for r in ok)),
                     "output": dict(Counter(r.output_tokens_source or "unknown" for r in ok))},
+        # Without ignore_eos, answers end on the model's EOS or a stop sequence before max_new_tokens: this says
+        # how many did, so output tokens/request is read as the model's own answer length, not the cap.
+        "finish_reasons": dict(Counter(r.finish_reason or "unknown" for r in ok)),
+        "output_range": [min(r.output_tokens for r in ok), max(r.output_tokens for r in ok)]
+        if ok and outputs is not None else None,
     }
 
 

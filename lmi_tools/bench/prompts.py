@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import UsageError
 
@@ -101,12 +101,14 @@ class PromptSet:
     description: str
 
 
-def build_prompts(tokens: int | None, counter: TokenCounter | None, text: str | None = None,
+def build_prompts(tokens: int | None, counter: TokenCounter | None, text: str | Sequence[str] | None = None,
                   variants: int = 8) -> PromptSet:
-    """``text`` as given, else ``variants`` prompts of ``tokens`` tokens (words when there is no tokenizer)."""
-    if text is not None:
-        count = counter.prompt_tokens(text) if counter else None
-        return PromptSet((text,), (count,), "the --prompt text")
+    """``text`` as given (one prompt or several, cycled), else ``variants`` prompts of ``tokens`` tokens (words when
+    there is no tokenizer)."""
+    if isinstance(text, str) or text:  # "" is a prompt too; an empty list (no --prompt given) is not
+        texts = (text,) if isinstance(text, str) else tuple(text)
+        counts = tuple(counter.prompt_tokens(t) if counter else None for t in texts)
+        return PromptSet(texts, counts, "the --prompt text" if len(texts) == 1 else f"{len(texts)} --prompt texts")
     if tokens is None or tokens < 1:
         raise UsageError(f"--prompt-tokens must be a positive integer, got {tokens}")
     if counter is None:

@@ -34,7 +34,8 @@ def bench(
     warmup: Optional[int] = typer.Option(None, help="Uncounted requests before each level (default: one per "
                                                     "client)"),
     prompt_tokens: int = typer.Option(128, help="Prompt length in tokens of --tokenizer (words without one)"),
-    prompt: Optional[str] = typer.Option(None, help="Send this prompt instead of generated filler text"),
+    prompt: Optional[list[str]] = typer.Option(None, help="Send this prompt instead of generated filler text; "
+                                                          "repeat it for several prompts, sent in turn"),
     max_new_tokens: int = typer.Option(128, help="Tokens to generate per request"),
     tokenizer: Optional[str] = typer.Option(None, help="Tokenizer directory (AutoTokenizer) for prompt length and "
                                                        "token counts; default with --serve: the model's"),
@@ -123,8 +124,8 @@ def _plan(target: str, load, server, *, api, stream, region, tokenizer, prompt, 
         found = tokenizer_dir(server.model_dir)
         tokenizer = str(found) if found else None
     counter = TokenCounter.load(tokenizer) if tokenizer else None
-    prompts = build_prompts(prompt_tokens, counter, prompt)
-    if counter is None and prompt is None:
+    prompts = build_prompts(prompt_tokens, counter, prompt or None)
+    if counter is None and not prompt:
         typer.secho(f"warning: no tokenizer, so --prompt-tokens {prompt_tokens} means {prompt_tokens} words of filler "
                     "text (often twice as many tokens or more); pass --tokenizer MODEL_DIR_OR_HUB_ID to count "
                     "tokens", fg="yellow", err=True)

@@ -25,8 +25,9 @@ from ..errors import AwsError, UsageError, ValidationFailed
 from ..instances import Instance, lookup
 from .aws import aws_errors
 from .calls import ApiCall, run
-from .deploy import (VARIANT, EndpointSpec, StatusCallback, check_artifact, create_all, model_call, validate,
+from .deploy import (VARIANT, EndpointSpec, check_artifact, create_all, model_call, validate,
                      volume, wait_in_service)
+from .polling import StatusCallback, Waitable, wait_for
 from .scaling import SERVICE as AUTOSCALING
 from .scaling import component_resource
 from .upload import S3Uri
@@ -209,22 +210,11 @@ def wait_component(sm, name: str, timeout_s: float = 3600, poll_s: float = 30,
                    on_status: StatusCallback | None = None, sleep: Callable[[float], None] = time.sleep,
                    clock: Callable[[], float] = time.monotonic) -> dict:
     """Poll ``describe_inference_component`` until InService; ``AwsError`` on Failed (with the reason) or timeout."""
-    began = clock()
-    while True:
-        description = describe_component(sm, name)
-        status, elapsed = description["InferenceComponentStatus"], clock() - began
-        if on_status:
-            on_status(status, elapsed)
-        if status == "InService":
-            return description
-        if status in COMPONENT_FAILED:
-            reason = description.get("FailureReason") or "SageMaker gave no reason"
-            raise AwsError(f"inference component {name} is {status}: {reason}", code=status, kind="failed",
-                           hint=f"it stays for inspection; remove it with lmi delete --component {name} --model")
-        if elapsed + poll_s > timeout_s:
-            raise AwsError(f"inference component {name} is still {status} after {elapsed:.0f} s", code="WaitTimeout",
-                           kind="timeout", hint="it keeps going: check it with lmi components ENDPOINT")
-        sleep(poll_s)
+    target = Waitable(f"inference component {name}", lambda: describe_component(sm, name), "InferenceComponentStatus",
+                      "InService", COMPONENT_FAILED,
+                      failed_hint=f"it stays for inspection; remove it with lmi delete --component {name} --model",
+                      timeout_hint="it keeps going: check it with lmi components ENDPOINT")
+    return wait_for(target, timeout_s, poll_s, on_status, sleep, clock)
 
 
 def wait_component_gone(sm, name: str, poll_s: float = 15, timeout_s: float = 1800,

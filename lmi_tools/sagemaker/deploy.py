@@ -22,6 +22,7 @@ from ..instances import HostingInstance
 from .aws import aws_errors
 from .calls import ApiCall, run
 from .images import ImageChoice, resolve_image
+from .polling import StatusCallback, Waitable, wait_for
 from .scaling import SERVICE as AUTOSCALING, Autoscaling, variant_resource
 from .upload import S3Uri, list_keys
 
@@ -33,7 +34,6 @@ VARIANT = "AllTraffic"
 DEFAULT_TIMEOUT_S = 1800
 DEFAULT_VOLUME_GB = 256
 FAILED_STATES = frozenset({"Failed", "UpdateRollbackFailed", "OutOfService", "Deleting"})
-StatusCallback = Callable[[str, float], None]
 # GetBucketLocation answers null for us-east-1 and "EU" for some old eu-west-1 buckets.
 LEGACY_LOCATIONS = {"": "us-east-1", "EU": "eu-west-1"}
 
@@ -273,25 +273,16 @@ def wait_in_service(sm, name: str, timeout_s: float = 3600, poll_s: float = 30,
                     clock: Callable[[], float] = time.monotonic) -> dict:
     """Poll ``describe_endpoint`` until ``InService`` (returns the description); ``AwsError`` on a failed state
     (with SageMaker's FailureReason) or when ``timeout_s`` passes. ``on_status(status, elapsed_s)`` each poll."""
-    began = clock()
-    while True:
+    def describe() -> dict:
         with aws_errors(f"describing endpoint {name}"):
-            description = sm.describe_endpoint(EndpointName=name)
-        status, elapsed = description["EndpointStatus"], clock() - began
-        if on_status:
-            on_status(status, elapsed)
-        if status == "InService":
-            return description
-        if status in FAILED_STATES:
-            reason = description.get("FailureReason") or "SageMaker gave no reason"
-            raise AwsError(f"endpoint {name} is {status}: {reason}", code=status, kind="failed",
-                           hint=f"the endpoint, its config and model stay for inspection; remove them with "
-                                f"lmi delete {name} --config --model")
-        if elapsed + poll_s > timeout_s:
-            raise AwsError(f"endpoint {name} is still {status} after {elapsed:.0f} s", code="WaitTimeout",
-                           kind="timeout", hint=f"it keeps going (and billing): check it later with 'aws sagemaker "
-                                                f"describe-endpoint --endpoint-name {name}', or lmi delete {name}")
-        sleep(poll_s)
+            return sm.describe_endpoint(EndpointName=name)
+
+    target = Waitable(f"endpoint {name}", describe, "EndpointStatus", "InService", FAILED_STATES,
+                      failed_hint=f"the endpoint, its config and model stay for inspection; remove them with "
+                                  f"lmi delete {name} --config --model",
+                      timeout_hint=f"it keeps going (and billing): check it later with 'aws sagemaker "
+                                   f"describe-endpoint --endpoint-name {name}', or lmi delete {name}")
+    return wait_for(target, timeout_s, poll_s, on_status, sleep, clock)
 
 
 def deploy(sm, s3, plan: DeployPlan, wait: bool = True, timeout_s: float = 3600, poll_s: float = 30,

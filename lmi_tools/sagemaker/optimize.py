@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Callable, Mapping
 
-from ..errors import AwsError, UsageError
+from ..errors import UsageError
 from ..instances import HostingInstance
 from .aws import aws_errors
 from .deploy import NAME, ROLE_ARN, EndpointSpec, _validate_environment
 from .images import resolve_image
+from .polling import StatusCallback, Waitable, wait_for
 from .upload import S3Uri
 
 #: What ``--quantize`` accepts: the ``option.quantize`` values LMI's quantization jobs run (OPTION_QUANTIZE).
@@ -172,27 +173,16 @@ def stop(sm, name: str) -> None:
 
 
 def wait(sm, name: str, timeout_s: float = 36000, poll_s: float = 60,
-         on_status: Callable[[str, float], None] | None = None, sleep: Callable[[float], None] = time.sleep,
+         on_status: StatusCallback | None = None, sleep: Callable[[float], None] = time.sleep,
          clock: Callable[[], float] = time.monotonic) -> dict:
     """Poll until the job is COMPLETED (returns its description); ``AwsError`` with SageMaker's FailureReason
     when it FAILED or was STOPPED, or when ``timeout_s`` passes (the job keeps running)."""
-    began = clock()
-    while True:
-        description = describe(sm, name)
-        status, elapsed = description["OptimizationJobStatus"], clock() - began
-        if on_status:
-            on_status(status, elapsed)
-        if status == "COMPLETED":
-            return description
-        if status in DONE_STATES:
-            reason = description.get("FailureReason") or "SageMaker gave no reason"
-            raise AwsError(f"optimization job {name} is {status}: {reason}", code=status, kind="failed",
-                           hint="fix what the reason names and start a new job under another --name")
-        if elapsed + poll_s > timeout_s:
-            raise AwsError(f"optimization job {name} is still {status} after {elapsed:.0f} s", code="WaitTimeout",
-                           kind="timeout", hint=f"it keeps running (and billing): lmi optimize wait {name} later, "
-                                                f"or lmi optimize stop {name}")
-        sleep(poll_s)
+    target = Waitable(f"optimization job {name}", lambda: describe(sm, name), "OptimizationJobStatus", "COMPLETED",
+                      DONE_STATES - {"COMPLETED"},
+                      failed_hint="fix what the reason names and start a new job under another --name",
+                      timeout_hint=f"it keeps running (and billing): lmi optimize wait {name} later, "
+                                   f"or lmi optimize stop {name}")
+    return wait_for(target, timeout_s, poll_s, on_status, sleep, clock)
 
 
 def deploy_spec(description: dict, role: str | None, name: str, region: str,

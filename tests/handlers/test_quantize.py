@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lmi_handlers.backends.quantize import model_bytes, parse_method, quantize_weights
+from lmi_handlers.backends.quantize import GEMM_ROWS, model_bytes, parse_method, quantize_weights
 from lmi_handlers.errors import ConfigError
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input
@@ -15,7 +15,9 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 JSON = [("Content-Type", "application/json")]
-PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy", "What is the capital of France?", "A"]
+# The last one is longer than GEMM_ROWS tokens: its prefill takes the layers' GEMM route, its decode the kernel.
+PROMPTS = ["Hello world", "The quick brown fox jumps over the lazy", "What is the capital of France?", "A",
+           "Once upon a time, in a small village by the sea, an old fisherman mended his nets every evening"]
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +62,20 @@ def test_int8_linear_matches_its_dequantized_weights():
     assert torch.allclose(int8(x), want, atol=tolerance) and int8(x).dtype == x.dtype
 
 
+def test_many_rows_take_a_gemm_that_computes_the_kernels_numbers():
+    model = torch.nn.Module()
+    model.layers = torch.nn.ModuleList([torch.nn.Sequential(torch.nn.Linear(64, 48, bias=False))])
+    quantize_weights(model, "static_int8")
+    int8 = model.layers[0][0]
+    x = torch.randn(GEMM_ROWS + 3, 64, generator=torch.Generator().manual_seed(0))
+    together = int8(x)  # one call of GEMM_ROWS + 3 rows: the GEMM route where the kernel is int8pack_mm
+    alone = torch.cat([int8(row[None]) for row in x])  # one row at a time: the kernel
+    # The same bf16 inputs and bf16 result; only the order of the fp32 sums may differ: one bf16 step at most
+    # (a sum that cancels to near zero can differ more relatively, not absolutely: the atol).
+    assert torch.allclose(together, alone, rtol=2 ** -7, atol=1e-3 * float(alone.abs().max())), \
+        (together - alone).abs().max()
+
+
 def test_weights_shrink_the_head_is_int8_and_the_embeddings_stay(quantized_reference):
     _, model, before, done = quantized_reference
     assert done.layers == 7 * model.config.num_hidden_layers + 1  # q, k, v, o, gate, up, down per layer; the head
@@ -78,12 +94,13 @@ def rolling(handler, jobs):
 
 
 def test_greedy_output_equals_generate_on_the_quantized_model_alone(handler, quantized_reference):
+    assert len(quantized_reference[0](PROMPTS[-1]).input_ids) > GEMM_ROWS  # the GEMM route is exercised
     for prompt in PROMPTS:
         assert rolling(handler, [(prompt, 8, 0)])[prompt] == generate(quantized_reference, prompt, 8), prompt
 
 
 def test_greedy_output_is_exact_in_a_busy_rolling_batch(handler, quantized_reference):
-    jobs = [(prompt, 6 + 2 * i, [0, 0, 2, 5][i]) for i, prompt in enumerate(PROMPTS)]
+    jobs = [(prompt, 6 + 2 * i, [0, 0, 2, 5, 3][i]) for i, prompt in enumerate(PROMPTS)]
     got = rolling(handler, jobs)
     for prompt, budget, _ in jobs:
         assert got[prompt] == generate(quantized_reference, prompt, budget), prompt

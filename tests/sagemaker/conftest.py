@@ -2,6 +2,7 @@
 
 import boto3
 import pytest
+from botocore.stub import Stubber
 
 BUCKET = "lmi-test-artifacts"
 
@@ -29,3 +30,13 @@ def aws():
         s3 = boto3.client("s3", region_name="us-east-1")
         s3.create_bucket(Bucket=BUCKET)
         yield s3, boto3.client("sagemaker", region_name="us-east-1")
+
+
+@pytest.fixture
+def stubbed():
+    """A SageMaker client and its botocore Stubber: every request is checked against the service model and the
+    queued expectations, and a test fails if an expected call was never made."""
+    client = boto3.client("sagemaker", region_name="us-east-1")
+    with Stubber(client) as stubber:
+        yield client, stubber
+        stubber.assert_no_pending_responses()

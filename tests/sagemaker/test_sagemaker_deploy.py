@@ -3,9 +3,7 @@ failure reasons, timeouts and rollback (Stubber), and the artifact checks (moto)
 
 import datetime
 
-import boto3
 import pytest
-from botocore.stub import Stubber
 
 from lmi_tools.errors import AwsError, UsageError
 from lmi_tools.sagemaker import deploy as lib
@@ -27,14 +25,6 @@ def describe(status, reason=None):
     answer = {"EndpointName": "llama", "EndpointArn": "arn:aws:sagemaker:us-east-1:123456789012:endpoint/llama",
               "EndpointConfigName": "llama", "EndpointStatus": status, "CreationTime": NOW, "LastModifiedTime": NOW}
     return {**answer, "FailureReason": reason} if reason else answer
-
-
-@pytest.fixture
-def stubbed():
-    client = boto3.client("sagemaker", region_name="us-east-1")
-    with Stubber(client) as stubber:
-        yield client, stubber
-        stubber.assert_no_pending_responses()
 
 
 def expect_creation(stubber, plan):

