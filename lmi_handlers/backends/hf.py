@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import logging
+import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -351,22 +352,15 @@ class PagedRunner:
         proposals = self.speculator.plan(sampled) if self.speculator is not None and sampled else {}
         seqs, rows, out = [], [], {}
         if proposals:
-            decode = [Chunk(c.seq, c.start, [*c.tokens, *proposals[c.seq.uid].tokens]) if c.seq.uid in proposals
-                      else c for c in decode]
-            width = max(len(c.tokens) for c in decode)
-            logits = self._forward(decode, None, last=width)  # every row padded to the widest, in one forward
-            for chunk, row in zip(decode, logits):
-                if chunk.seq.uid in proposals:
-                    out[chunk.seq.uid] = self.speculator.verify(chunk.seq, row[width - len(chunk.tokens):],
-                                                                proposals[chunk.seq.uid])
-                elif chunk.sample:
-                    seqs.append(chunk.seq)
-                    rows.append(row[-1:])
+            out = self._verify(decode, proposals, seqs, rows)
             decode = []
         for group, attention in ((decode, self.decode_attention), ([c for c in batch if len(c.tokens) > 1], None)):
             if not group:
                 continue
+            began = time.perf_counter()
             logits = self._forward(group, attention)
+            if group is decode and self.speculator is not None:  # plain decode steps keep the cost model current
+                self.speculator.cost.observe(len(group), time.perf_counter() - began)
             keep = [i for i, chunk in enumerate(group) if chunk.sample]
             if keep:
                 rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
@@ -374,6 +368,26 @@ class PagedRunner:
         if seqs:
             picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
             out.update((seq.uid, choice) for seq, choice in zip(seqs, picked))
+        return out
+
+    def _verify(self, decode: Sequence[Chunk], proposals: dict[int, Any], seqs: list[SequenceState],
+                rows: list[Any]) -> dict[int, Any]:
+        """One forward for every decode row, each widened with its guesses (padded to the widest); the tokens the
+        speculator keeps per guessing row; rows without guesses go to ``seqs``/``rows`` for ``select_tokens``."""
+        decode = [Chunk(c.seq, c.start, [*c.tokens, *proposals[c.seq.uid].tokens]) if c.seq.uid in proposals
+                  else c for c in decode]
+        width = max(len(c.tokens) for c in decode)
+        began = time.perf_counter()
+        logits = self._forward(decode, None, last=width)
+        out = {}
+        for chunk, row in zip(decode, logits):
+            if chunk.seq.uid in proposals:
+                out[chunk.seq.uid] = self.speculator.verify(chunk.seq, row[width - len(chunk.tokens):],
+                                                            proposals[chunk.seq.uid])
+            elif chunk.sample:
+                seqs.append(chunk.seq)
+                rows.append(row[-1:])
+        self.speculator.cost.observe(len(decode) * width, time.perf_counter() - began)
         return out
 
     def _forward(self, chunks: Sequence[Chunk], attention: str | None, last: int = 1) -> Any:

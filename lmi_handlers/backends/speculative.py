@@ -181,15 +181,23 @@ def expected_tokens(acceptance: float, guesses: int) -> float:
     return (1 - a ** (guesses + 1)) / (1 - a)
 
 
-@dataclass(frozen=True)
+@dataclass
 class ForwardCost:
-    """Seconds of one forward as ``fixed + per_token * tokens`` (weights streamed once, then work per token)."""
+    """Seconds of one forward as ``scale * (fixed + per_token * tokens)`` (weights streamed once, then work per
+    token). ``fixed`` and ``per_token`` are timed at load; ``scale`` follows the forwards actually timed while
+    serving, so a machine that got busier (or a draft slower than its load-time timing) is seen."""
 
     fixed: float
     per_token: float
+    scale: float = 1.0
 
     def __call__(self, tokens: int) -> float:
-        return self.fixed + self.per_token * tokens
+        return self.scale * (self.fixed + self.per_token * tokens)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        predicted = self.fixed + self.per_token * tokens
+        if predicted > 0:
+            self.scale = (1 - SMOOTHING) * self.scale + SMOOTHING * seconds / predicted
 
 
 def measure_cost(runner: Any, torch: Any, tokens: int = 24, repeats: int = 3) -> ForwardCost:
@@ -240,6 +248,7 @@ class DraftProposer:
         chunks = [Chunk(seq, self.cached[seq.uid], seq.all_ids[self.cached[seq.uid]:]) for seq, _, _ in rows]
         while rows:
             single = all(len(c.tokens) == 1 for c in chunks)
+            began = time.perf_counter()
             logits = self.runner._forward(chunks, self.runner.decode_attention if single else None).float()
             for (seq, _, proposal), row in zip(rows, logits):
                 if proposal.q is None:
@@ -247,6 +256,7 @@ class DraftProposer:
                 else:
                     proposal.q.append(distribution(self.torch, row[None], seq)[0])
                     proposal.tokens.append(draw(self.torch, proposal.q[-1], seq))
+            self.cost.observe(sum(len(c.tokens) for c in chunks), time.perf_counter() - began)
             for seq, k, proposal in rows:
                 if len(proposal.tokens) == k:
                     self.written[seq.uid] = seq.length + k - 1
