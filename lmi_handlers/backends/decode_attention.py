@@ -38,13 +38,15 @@ def grouped_decode_attention(model: Any) -> str | None:
                                           scaling=scaling, **kwargs)
         rows, heads, _, head_dim = query.shape
         groups = key.shape[1]
-        grouped = query.view(rows, groups, heads // groups, head_dim)
-        scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or head_dim ** -0.5)
+        # KV groups lead, rows second: the paged cache gathers keys and values in that memory order, so
+        # the matmuls read them in place (a [rows, groups, ...] product would copy both per layer).
+        grouped = query.view(rows, groups, heads // groups, head_dim).transpose(0, 1)
+        scores = torch.matmul(grouped, key.transpose(0, 1).transpose(-1, -2)) * (scaling or head_dim ** -0.5)
         if attention_mask is not None:
-            scores = scores + attention_mask[:, :, :, :key.shape[-2]]
+            scores = scores + attention_mask[:, :, :, :key.shape[-2]].transpose(0, 1)
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
-        out = torch.matmul(probs, value)  # [rows, groups, heads per group, head_dim]
-        return out.reshape(rows, heads, 1, head_dim).transpose(1, 2), None
+        out = torch.matmul(probs, value.transpose(0, 1))  # [groups, rows, heads per group, head_dim]
+        return out.transpose(0, 1).reshape(rows, 1, heads, head_dim), None
 
     AttentionInterface.register(GROUPED_ATTENTION, attention)
     return GROUPED_ATTENTION

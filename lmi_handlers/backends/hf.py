@@ -345,6 +345,14 @@ class PagedRunner:
         self.neg = self.torch.finfo(self.dtype).min
         self.max_position = backend.max_sequence_length - 1
         self.speculator: Speculator | None = None  # set by the backend with option.speculative_draft_model
+        # Built once, sliced every step: the key positions attention may read, their block and offset, and
+        # the two mask values (a decode step of a small model is a few dozen tensor operations in all).
+        device = backend.device
+        self.key_positions = self.torch.arange(backend.max_sequence_length + 1, device=device)
+        self.key_blocks = self.key_positions // self.block_size
+        self.key_offsets = self.key_positions % self.block_size
+        self.mask_values = (self.torch.tensor(0.0, dtype=self.dtype, device=device),
+                            self.torch.tensor(self.neg, dtype=self.dtype, device=device))
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, Any]:
         decode = [c for c in batch if len(c.tokens) == 1]
@@ -393,39 +401,64 @@ class PagedRunner:
     def _forward(self, chunks: Sequence[Chunk], attention: str | None, last: int = 1) -> Any:
         """Run ``chunks`` (left-padded to one width) through the model; each chunk's logits at its last position
         (``[rows, vocab]``), or at its last ``last`` positions (``[rows, last, vocab]``)."""
-        torch, device, size = self.torch, self.backend.device, self.block_size
         width = max(len(c.tokens) for c in chunks)
-        pad = self.backend.tokenizer.pad_id
-        ids = torch.tensor([[pad] * (width - len(c.tokens)) + list(c.tokens) for c in chunks], device=device)
-        view = max(c.end for c in chunks)  # positions attention reads
-        blocks = -(-view // size)
-        tables = [self.blocks.table(c.seq)[:blocks] for c in chunks]
-        table = torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=device)
-        meta = torch.tensor([[c.start, len(c.tokens)] for c in chunks], device=device)
-        starts, lengths = meta[:, :1], meta[:, 1:]
-        keys = torch.arange(view, device=device)
-        read = table[:, keys // size] * size + keys % size
-        read = read.masked_fill(keys >= starts + lengths, self.cache.scratch)
-        # Query column j of a row holds position start + j - (width - length); the first width - length
-        # columns are padding, which writes to the scratch slot.
-        columns = torch.arange(width, device=device)
-        positions = starts + columns - (width - lengths)
-        padding = columns < width - lengths
-        write = read.gather(1, positions.clamp(min=0)).masked_fill(padding, self.cache.scratch)
-        visible = keys[None, None, :] <= positions[:, :, None]
-        mask = torch.where(visible, torch.zeros((), dtype=self.dtype, device=device),
-                           torch.tensor(self.neg, dtype=self.dtype, device=device))[:, None]
-        self.cache.plan(write.flatten(), read, view - width)
+        ids, positions, write, read, mask = (self._decode_inputs if width == 1 else self._chunk_inputs)(chunks, width)
+        self.cache.plan(write, read, read.shape[1] - width)
         config = self.backend.model.config
         stock = config._attn_implementation
         if attention is not None:
             config._attn_implementation = attention
         try:
             logits, _ = self.backend.forward(ids, last, attention_mask=mask, past_key_values=self.cache,
-                                             position_ids=positions.clamp(0, self.max_position))
+                                             position_ids=positions)
         finally:
             config._attn_implementation = stock
         return logits
+
+    def _tables(self, chunks: Sequence[Chunk], view: int) -> Any:
+        """``[rows, blocks]``: each row's block table over the first ``view`` positions, zero-padded."""
+        blocks = -(-view // self.block_size)
+        tables = [self.blocks.table(c.seq)[:blocks] for c in chunks]
+        return self.torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=self.backend.device)
+
+    def _read_slots(self, table: Any, view: int, hidden: Any) -> Any:
+        """``[rows, view]``: the pool slot of each position a row reads, the scratch slot where ``hidden``."""
+        read = (table * self.block_size)[:, self.key_blocks[:view]] + self.key_offsets[:view]
+        return read.masked_fill_(hidden, self.cache.scratch)
+
+    def _decode_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
+        """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
+        size, torch = self.block_size, self.torch
+        meta = []
+        for c in chunks:
+            block = self.blocks.table(c.seq)[c.start // size]
+            meta.append((c.tokens[0], min(c.start, self.max_position), block * size + c.start % size))
+        meta = torch.tensor(meta, device=self.backend.device)
+        view = max(c.end for c in chunks)
+        positions = meta[:, 1:2]
+        hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
+        mask = torch.where(hidden, self.mask_values[1], self.mask_values[0])[:, None, None]
+        return meta[:, :1], positions, meta[:, 2], self._read_slots(self._tables(chunks, view), view, hidden), mask
+
+    def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
+        """Model inputs for chunks of several tokens, left-padded to ``width``; padding writes to the scratch slot."""
+        torch, device = self.torch, self.backend.device
+        pad = self.backend.tokenizer.pad_id
+        ids = torch.tensor([[pad] * (width - len(c.tokens)) + list(c.tokens) for c in chunks], device=device)
+        view = max(c.end for c in chunks)  # positions attention reads
+        meta = torch.tensor([[c.start, len(c.tokens)] for c in chunks], device=device)
+        starts, lengths = meta[:, :1], meta[:, 1:]
+        keys = self.key_positions[:view]
+        read = self._read_slots(self._tables(chunks, view), view, keys >= starts + lengths)
+        # Query column j of a row holds position start + j - (width - length); the first width - length
+        # columns are padding, which writes to the scratch slot.
+        columns = self.key_positions[:width]
+        positions = starts + columns - (width - lengths)
+        padding = columns < width - lengths
+        write = read.gather(1, positions.clamp(min=0)).masked_fill(padding, self.cache.scratch)
+        visible = keys[None, None, :] <= positions[:, :, None]
+        mask = torch.where(visible, *self.mask_values)[:, None]
+        return ids, positions.clamp(0, self.max_position), write.flatten(), read, mask
 
     def release(self, seq: SequenceState) -> None:
         self.blocks.release(seq)

@@ -6,10 +6,12 @@ block boundary, and release gives blocks back. With prefix caching on, full bloc
 their content (``prefix_cache``) and shared between sequences by reference count.
 
 ``PagedKVCache`` (a transformers ``Cache``) holds the pool itself: per layer, keys and values as
-``[slots, kv_heads, head_dim]`` where slot = block * block_size + offset, plus one scratch slot that
+``[kv_heads, slots, head_dim]`` where slot = block * block_size + offset, plus one scratch slot that
 padding writes to and reads from. Before each forward ``plan`` says which slot each new token writes
 and which slots each row reads, in position order; ``update`` writes, then gathers ``[rows, kv_heads,
-positions, head_dim]`` for attention, so the model's own attention code runs unchanged.
+positions, head_dim]`` for attention, so the model's own attention code runs unchanged. Heads come first
+in the pool so that the gather is ``[kv_heads, rows, positions, head_dim]`` in memory: the decode
+attention (``decode_attention.py``) multiplies it as it lies, without a copy per layer and step.
 
 Pool size (the names LMI and vLLM users know): ``option.num_gpu_blocks_override`` (blocks), else
 ``option.kv_cache_memory_bytes``, else on CUDA ``option.gpu_memory_utilization`` of the device's memory
@@ -209,20 +211,20 @@ def _build_cache_class(torch: Any) -> Any:
                 self.values.append(None)
             if self.keys[layer_idx] is None:
                 # torch.empty commits no memory until a block is first written; only scratch must be finite.
-                shape = (self.num_slots + 1, key_states.shape[1], key_states.shape[3])
+                shape = (key_states.shape[1], self.num_slots + 1, key_states.shape[3])
                 for pool in (self.keys, self.values):
                     pool[layer_idx] = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
-                    pool[layer_idx][self.scratch].zero_()
+                    pool[layer_idx][:, self.scratch].zero_()
             keys, values = self.keys[layer_idx], self.values[layer_idx]
             heads, dim = key_states.shape[1], key_states.shape[3]
             # index_copy_/index_select rather than keys[slots]: the general indexing kernel gathers
             # [rows, positions] slots 3-5x slower on CPU at a batch of 32 (benchmarks/engine.py decode).
-            keys.index_copy_(0, self._write, key_states.transpose(1, 2).reshape(-1, heads, dim))
-            values.index_copy_(0, self._write, value_states.transpose(1, 2).reshape(-1, heads, dim))
-            shape = (*self._read.shape, heads, dim)
+            keys.index_copy_(1, self._write, key_states.transpose(0, 1).reshape(heads, -1, dim))
+            values.index_copy_(1, self._write, value_states.transpose(0, 1).reshape(heads, -1, dim))
+            shape = (heads, *self._read.shape, dim)
             flat = self._read.flatten()
-            return (keys.index_select(0, flat).view(shape).transpose(1, 2),
-                    values.index_select(0, flat).view(shape).transpose(1, 2))
+            return (keys.index_select(1, flat).view(shape).transpose(0, 1),
+                    values.index_select(1, flat).view(shape).transpose(0, 1))
 
         def get_seq_length(self, layer_idx: int | None = 0) -> int:
             return self._past
