@@ -341,18 +341,16 @@ class PagedRunner:
         self.blocks = BlockManager(plan)
         self.block_size = plan.block_size
         self.cache = make_paged_cache(self.torch, plan.tokens)
-        self.dtype = next(backend.model.parameters()).dtype
-        self.neg = self.torch.finfo(self.dtype).min
         self.max_position = backend.max_sequence_length - 1
         self.speculator: Speculator | None = None  # set by the backend with option.speculative_draft_model
         # Built once, sliced every step: the key positions attention may read, their block and offset, and
-        # the two mask values (a decode step of a small model is a few dozen tensor operations in all).
-        device = backend.device
+        # the mask's two values (a decode step of a small model is a few dozen tensor operations in all).
+        device, dtype = backend.device, next(backend.model.parameters()).dtype
         self.key_positions = self.torch.arange(backend.max_sequence_length + 1, device=device)
         self.key_blocks = self.key_positions // self.block_size
         self.key_offsets = self.key_positions % self.block_size
-        self.mask_values = (self.torch.tensor(0.0, dtype=self.dtype, device=device),
-                            self.torch.tensor(self.neg, dtype=self.dtype, device=device))
+        self.attend = self.torch.tensor(0.0, dtype=dtype, device=device)
+        self.ignore = self.torch.tensor(self.torch.finfo(dtype).min, dtype=dtype, device=device)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, Any]:
         decode = [c for c in batch if len(c.tokens) == 1]
@@ -402,7 +400,8 @@ class PagedRunner:
         """Run ``chunks`` (left-padded to one width) through the model; each chunk's logits at its last position
         (``[rows, vocab]``), or at its last ``last`` positions (``[rows, last, vocab]``)."""
         width = max(len(c.tokens) for c in chunks)
-        ids, positions, write, read, mask = (self._decode_inputs if width == 1 else self._chunk_inputs)(chunks, width)
+        ids, positions, write, read, mask = \
+            self._decode_inputs(chunks) if width == 1 else self._chunk_inputs(chunks, width)
         self.cache.plan(write, read, read.shape[1] - width)
         config = self.backend.model.config
         stock = config._attn_implementation
@@ -426,7 +425,7 @@ class PagedRunner:
         read = (table * self.block_size)[:, self.key_blocks[:view]] + self.key_offsets[:view]
         return read.masked_fill_(hidden, self.cache.scratch)
 
-    def _decode_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
+    def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
         """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
         size, torch = self.block_size, self.torch
         meta = []
@@ -437,7 +436,7 @@ class PagedRunner:
         view = max(c.end for c in chunks)
         positions = meta[:, 1:2]
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
-        mask = torch.where(hidden, self.mask_values[1], self.mask_values[0])[:, None, None]
+        mask = torch.where(hidden, self.ignore, self.attend)[:, None, None]
         return meta[:, :1], positions, meta[:, 2], self._read_slots(self._tables(chunks, view), view, hidden), mask
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
@@ -457,7 +456,7 @@ class PagedRunner:
         padding = columns < width - lengths
         write = read.gather(1, positions.clamp(min=0)).masked_fill(padding, self.cache.scratch)
         visible = keys[None, None, :] <= positions[:, :, None]
-        mask = torch.where(visible, *self.mask_values)[:, None]
+        mask = torch.where(visible, self.attend, self.ignore)[:, None]
         return ids, positions.clamp(0, self.max_position), write.flatten(), read, mask
 
     def release(self, seq: SequenceState) -> None:
