@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/engine.py prefix     # TTFT with a 1,000-token shared system prompt, cold vs warm
     .venv/bin/python benchmarks/engine.py decode     # one decode step vs the model's bare forward (generate's loop)
     .venv/bin/python benchmarks/engine.py chunked    # running streams' inter-token latency while long prompts arrive
+    .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
     .venv/bin/python benchmarks/engine.py all
 
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
@@ -211,6 +212,63 @@ def chunked(args: argparse.Namespace) -> None:
         print(f"| {label} | {p50 * 1000:.0f} ms | {p99 * 1000:.0f} ms | {p99 / p50:.1f}x | {max(gaps) * 1000:.0f} ms |")
 
 
+def projection(args: argparse.Namespace) -> None:
+    """The output projection alone and the model's own decode step (forward with its DynamicCache, argmax), each
+    with the stock product and with the vocabulary in slices (``backends/output_projection.py``), interleaved in
+    one process, on the 115M model (8,192 tokens) and SmolLM2 (49,152; converted on first use). The logits of
+    both must be identical."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from lmi_handlers.backends.output_projection import split_output_projection
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    print("\nms, stock / sliced: the projection alone (median of 21 interleaved calls) and a decode step after "
+          "32-token prompts (median of 5 interleaved runs of 8 steps)")
+    print("| model | rows | projection | speed-up | decode step | speed-up | logits identical |\n"
+          "|---|---|---|---|---|---|---|")
+    for name, path in (("115M random (vocab 8,192)", model_dir("bench-115m")),
+                       ("SmolLM2 (vocab 49,152)", convert_smollm2(say=lambda line: None))):
+        model = AutoModelForCausalLM.from_pretrained(path).eval()
+        head = model.get_output_embeddings()
+        if not split_output_projection(torch, model):
+            print(f"| {name} | | | | | | the load check kept the stock product |")
+            continue
+        sliced = vars(head).pop("forward")
+        for rows in (1, 4, 16, 64):
+            prompt = torch.randint(3, head.out_features, (rows, 32), generator=torch.Generator().manual_seed(rows))
+            hidden = torch.randn(rows, 1, head.in_features)
+            alone = {"stock": [], "sliced": []}
+            step = {"stock": [], "sliced": []}
+            logits = {}
+            for run in range(21):
+                for label, forward in (("stock", head.forward), ("sliced", sliced)):
+                    with torch.inference_mode():
+                        began = time.perf_counter()
+                        forward(hidden)
+                        alone[label].append(time.perf_counter() - began)
+                    if run < 5:
+                        if label == "sliced":
+                            head.forward = sliced
+                        seconds, logits[label] = greedy_steps(model, DynamicCache(), prompt, steps=8)
+                        vars(head).pop("forward", None)
+                        step[label].append(seconds)
+            (a, b), (c, d) = ([statistics.median(x[k]) * 1000 for k in ("stock", "sliced")] for x in (alone, step))
+            same = "yes" if torch.equal(logits["stock"], logits["sliced"]) else "NO"
+            print(f"| {name} | {rows} | {a:.1f} / {b:.1f} | {a / b:.2f}x | {c:.1f} / {d:.1f} | {c / d:.2f}x | {same} |")
+
+
+def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
+    """Seconds per greedy decode step after prefilling ``prompt``, and the last-position logits of every step."""
+    with torch.inference_mode():
+        out = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rows = [out.logits[:, -1]]
+        began = time.perf_counter()
+        for _ in range(steps):
+            out = model(input_ids=rows[-1].argmax(-1, keepdim=True), past_key_values=cache, use_cache=True)
+            rows.append(out.logits[:, -1])
+        return (time.perf_counter() - began) / steps, torch.stack(rows)
+
+
 def peers(args: argparse.Namespace) -> None:
     print("""
 # On a machine with an NVIDIA GPU (not run here: no GPU, no Docker). Same model, same sweep, one run.
@@ -230,12 +288,12 @@ done
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("capacity", "prefix", "decode", "chunked", "peers", "all"))
+    parser.add_argument("what", choices=("capacity", "prefix", "decode", "chunked", "projection", "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    for name in ("capacity", "decode", "prefix", "chunked") if args.what == "all" else (args.what,):
+    for name in ("capacity", "decode", "prefix", "chunked", "projection") if args.what == "all" else (args.what,):
         globals()[name](args)
     if args.what == "all":
         peers(args)

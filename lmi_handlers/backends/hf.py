@@ -29,6 +29,7 @@ from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
 from .decode_attention import grouped_decode_attention
+from .output_projection import SLICE, split_output_projection
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
@@ -179,6 +180,8 @@ class HFBackend:
         if not multi_gpu:
             model.to(device)
         self.quantized = self._quantize(model, quantize)
+        if split_output_projection(torch, model):
+            logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
