@@ -148,16 +148,7 @@ def decode(args: argparse.Namespace) -> None:
         prompts = [ids(rng, 64, 2000) for _ in range(rows)]
         bare, backend, ours = [], [], []
         for _ in range(5):
-            with torch.inference_mode():
-                cache = DynamicCache()
-                out = model(input_ids=torch.tensor(prompts), past_key_values=cache, use_cache=True)
-                token = out.logits[:, -1].argmax(-1, keepdim=True)
-                began = time.perf_counter()
-                for _ in range(args.steps):
-                    out = model(input_ids=token, past_key_values=cache, use_cache=True)
-                    token = out.logits[:, -1].argmax(-1, keepdim=True)
-                    token.tolist()
-                bare.append((time.perf_counter() - began) / args.steps)
+            bare.append(greedy_steps(model, DynamicCache(), torch.tensor(prompts), args.steps)[0])
             seqs = [sequence(handler, p, args.steps + 1) for p in prompts]
             for seq in seqs:
                 handler.engine.add(seq)
@@ -219,7 +210,7 @@ def projection(args: argparse.Namespace) -> None:
     both must be identical."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from lmi_handlers.backends.output_projection import split_output_projection
+    from lmi_handlers.backends.output_projection import sliced_forward
     from lmi_tools.models.smollm2 import convert_smollm2
 
     print("\nms, stock / sliced: the projection alone (median of 21 interleaved calls) and a decode step after "
@@ -230,10 +221,10 @@ def projection(args: argparse.Namespace) -> None:
                        ("SmolLM2 (vocab 49,152)", convert_smollm2(say=lambda line: None))):
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         head = model.get_output_embeddings()
-        if not split_output_projection(torch, model):
+        sliced = sliced_forward(torch, head)
+        if sliced is None:
             print(f"| {name} | | | | | | the load check kept the stock product |")
             continue
-        sliced = vars(head).pop("forward")
         for rows in (1, 4, 16, 64):
             prompt = torch.randint(3, head.out_features, (rows, 32), generator=torch.Generator().manual_seed(rows))
             hidden = torch.randn(rows, 1, head.in_features)
@@ -247,10 +238,9 @@ def projection(args: argparse.Namespace) -> None:
                         forward(hidden)
                         alone[label].append(time.perf_counter() - began)
                     if run < 5:
-                        if label == "sliced":
-                            head.forward = sliced
+                        head.forward = forward  # what the model's own forward calls
                         seconds, logits[label] = greedy_steps(model, DynamicCache(), prompt, steps=8)
-                        vars(head).pop("forward", None)
+                        del head.forward
                         step[label].append(seconds)
             (a, b), (c, d) = ([statistics.median(x[k]) * 1000 for k in ("stock", "sliced")] for x in (alone, step))
             same = "yes" if torch.equal(logits["stock"], logits["sliced"]) else "NO"

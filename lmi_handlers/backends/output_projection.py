@@ -22,9 +22,18 @@ CHECK_ROWS = (2, 3, 8, 33)  # even, odd, a vector width, past 32: the row counts
 def split_output_projection(torch: Any, model: Any) -> bool:
     """Make ``model``'s output projection compute in vocabulary slices where that is exact; True if it does."""
     head = model.get_output_embeddings()
+    forward = sliced_forward(torch, head)
+    if forward is None:
+        return False
+    head.forward = forward
+    return True
+
+
+def sliced_forward(torch: Any, head: Any) -> Any:
+    """``head``'s forward in vocabulary slices, or None where slicing would gain nothing or not be exact."""
     if type(head) is not torch.nn.Linear or head.weight.device.type != "cpu" \
             or head.weight.dtype != torch.float32 or head.out_features < MIN_SLICES * SLICE:
-        return False
+        return None
     stock = head.forward
     linear = torch.nn.functional.linear
 
@@ -35,10 +44,7 @@ def split_output_projection(torch: Any, model: Any) -> bool:
         return torch.cat([linear(hidden, head.weight[i:i + SLICE], None if bias is None else bias[i:i + SLICE])
                           for i in range(0, head.out_features, SLICE)], dim=-1)
 
-    if not _identical(torch, stock, forward, head.in_features):
-        return False
-    head.forward = forward
-    return True
+    return forward if _identical(torch, stock, forward, head.in_features) else None
 
 
 def _identical(torch: Any, stock: Any, split: Any, width: int) -> bool:
