@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/engine.py decode     # one decode step vs the model's bare forward (generate's loop)
     .venv/bin/python benchmarks/engine.py chunked    # running streams' inter-token latency while long prompts arrive
     .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
+    .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
     .venv/bin/python benchmarks/engine.py all
 
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
@@ -30,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from lmi_handlers.backends.hf import cache_keyword  # noqa: E402
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams  # noqa: E402
 from lmi_handlers.sequence import SequenceState  # noqa: E402
@@ -247,14 +249,60 @@ def projection(args: argparse.Namespace) -> None:
             print(f"| {name} | {rows} | {a:.1f} / {b:.1f} | {a / b:.2f}x | {c:.1f} / {d:.1f} | {c / d:.2f}x | {same} |")
 
 
+def packed(args: argparse.Namespace) -> None:
+    """SmolLM2 engine steps with every chunk packed into one forward (``backends/packed_attention.py``) against
+    the same chunks run as two forwards, the decodes then the prompt, as the step ran before: same attention
+    kernels, same inputs, interleaved in one process. A mixed step is the running streams' decodes plus one
+    40-token chat prompt joining (it asks for one token, so the batch keeps its size)."""
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    handler = load(convert_smollm2(say=lambda line: None), max_rolling_batch_size=80)
+    runner, engine = handler.backend.runner, handler.engine
+    if not getattr(runner, "packed", False):
+        print("\nthe packed step is not in use here (transformers < 4.48, or the load check refused it)")
+        return
+    one_forward = runner._forward
+
+    def two_forwards(chunks, last=1):
+        groups = [[i for i, c in enumerate(chunks) if (len(c.tokens) == 1) == single] for single in (True, False)]
+        logits = [one_forward([chunks[i] for i in group], last) for group in groups if group]
+        order = [i for group in groups for i in group]
+        return torch.cat(logits)[torch.tensor(sorted(range(len(order)), key=order.__getitem__))]
+
+    rng = torch.Generator().manual_seed(5)
+    print(f"\nSmolLM2-135M-Instruct, streams with 40-token prompts decoding, ms per engine step (median of "
+          f"{args.trials * 4} interleaved steps); two forwards / one packed forward")
+    print("| streams | step | two forwards | packed | speed-up |\n|---|---|---|---|---|")
+    for rows in (1, 16, 64):
+        for seq in [sequence(handler, ids(rng, 40, 49_000), 10_000) for _ in range(rows)]:
+            engine.add(seq)
+        engine.step()  # their prefill
+        timings = {(kind, mode): [] for kind in ("decode only", "decode + a prompt") for mode in ("two", "packed")}
+        for _ in range(args.trials * 4):
+            for mode, forward in (("two", two_forwards), ("packed", one_forward)):
+                runner._forward = forward
+                for kind in ("decode only", "decode + a prompt"):
+                    if kind != "decode only":
+                        engine.add(sequence(handler, ids(rng, 40, 49_000), 1))
+                    began = time.perf_counter()
+                    engine.step()
+                    timings[kind, mode].append(time.perf_counter() - began)
+        runner._forward = one_forward
+        engine.reset()
+        for kind in ("decode only", "decode + a prompt"):
+            two, one = (statistics.median(timings[kind, mode]) * 1000 for mode in ("two", "packed"))
+            print(f"| {rows} | {kind} | {two:.1f} | {one:.1f} | {two / one:.2f}x |")
+
+
 def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
     """Seconds per greedy decode step after prefilling ``prompt``, and the last-position logits of every step."""
+    cache = {cache_keyword(model): cache}
     with torch.inference_mode():
-        out = model(input_ids=prompt, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=prompt, **cache, use_cache=True, logits_to_keep=1)
         rows = [out.logits[:, -1]]
         began = time.perf_counter()
         for _ in range(steps):
-            out = model(input_ids=rows[-1].argmax(-1, keepdim=True), past_key_values=cache, use_cache=True)
+            out = model(input_ids=rows[-1].argmax(-1, keepdim=True), **cache, use_cache=True)
             rows.append(out.logits[:, -1])
         return (time.perf_counter() - began) / steps, torch.stack(rows)
 
@@ -278,12 +326,13 @@ done
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("what", choices=("capacity", "prefix", "decode", "chunked", "projection", "peers", "all"))
+    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed")
+    parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     args = parser.parse_args()
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    for name in ("capacity", "decode", "prefix", "chunked", "projection") if args.what == "all" else (args.what,):
+    for name in every if args.what == "all" else (args.what,):
         globals()[name](args)
     if args.what == "all":
         peers(args)

@@ -2,10 +2,12 @@
 
 Continuous batching runs through the model's own ``forward`` with a paged KV cache we own
 (``paged_cache``: one pool of fixed-size blocks, a block table per sequence, prefix blocks shared).
-A step runs at most two forwards: every one-token chunk (decode) together, with the grouped decode
-attention, then every longer chunk (prompts, prompt pieces, recomputes) together, left-padded. Each
-token's key is written to its slot in the pool and attention reads each row's slots in position order
-under one custom 4-D mask, so the model's attention and RoPE code runs unchanged.
+Where the architecture and transformers allow (``packed_attention``), a step is one forward: every chunk
+of the batch (decodes, prompts, prompt pieces, recomputes) packed into one row of tokens, so the weights
+are read once per step. Elsewhere a step runs at most two forwards: every one-token chunk (decode)
+together, then every longer chunk together, left-padded, with the model's own attention reading each
+row's slots in position order under one custom 4-D mask. Either way each token's key is written to its
+slot in the pool and the model's RoPE and projection code runs unchanged.
 
 At load a self-check compares this path with the model's native cache on two prompts of different
 lengths, one of them prefilled in two chunks. An architecture where they disagree (or that cannot take
@@ -28,8 +30,8 @@ from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
-from .decode_attention import grouped_decode_attention
 from .output_projection import SLICE, split_output_projection
+from .packed_attention import PACKED_ATTENTION, Packed, packed_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
@@ -190,6 +192,7 @@ class HFBackend:
             self.max_sequence_length = min(self.max_sequence_length, config.max_model_len)
         self.max_batch_size = max(config.max_rolling_batch_size, config.batch_size)
         self._keep = _logits_keep_argument(model)
+        self.cache_keyword = cache_keyword(model)
         self.pool = self._plan_pool(config, dtype)
         self.runner = self._choose_runner()
         self.speculator = self._speculate(config, speculative)
@@ -259,7 +262,8 @@ class HFBackend:
 
     def _choose_runner(self) -> "PagedRunner | NativeRunner":
         native = NativeRunner(self)
-        for attention in filter(None, (grouped_decode_attention(self.model), self.model.config._attn_implementation)):
+        packed = packed_attention(self.model) if self._keep == "logits_to_keep" else None  # it keeps logits by index
+        for attention in filter(None, (packed, self.model.config._attn_implementation)):
             try:
                 paged = PagedRunner(self, attention, self.pool)
                 if paged.agrees_with(native):
@@ -272,12 +276,13 @@ class HFBackend:
         logger.warning("using the one-sequence-at-a-time path for %s", type(self.model).__name__)
         return native
 
-    def forward(self, input_ids: Any, last: int = 1, **kwargs: Any) -> Any:
-        """Last-position logits, ``[rows, vocab]``; with ``last`` > 1 the last positions', ``[rows, last, vocab]``."""
+    def forward(self, input_ids: Any, last: int = 1, cache: Any = None, **kwargs: Any) -> Any:
+        """Last-position logits, ``[rows, vocab]``; with ``last`` > 1 the last positions', ``[rows, last, vocab]``;
+        and the cache after the forward."""
         if self._keep:
             kwargs[self._keep] = last
-        out = self.model(input_ids=input_ids, use_cache=True, **kwargs)
-        return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), out.past_key_values
+        out = self.model(input_ids=input_ids, use_cache=True, **{self.cache_keyword: cache}, **kwargs)
+        return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), getattr(out, self.cache_keyword)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         with self.torch.inference_mode():
@@ -289,6 +294,11 @@ class HFBackend:
 
     def reset(self) -> None:
         self.runner.reset()
+
+
+def cache_keyword(model: Any) -> str:
+    # transformers 5.24 renamed forward's past_key_values (and the output's) to cache; the old name goes in 5.40.
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
 def _logits_keep_argument(model: Any) -> str | None:
@@ -307,7 +317,7 @@ class NativeRunner:
 
     def logits_for(self, seq_ids: Sequence[int], state: Any = None) -> tuple[Any, Any]:
         ids = self.torch.tensor([list(seq_ids)], device=self.backend.device)
-        return self.backend.forward(ids, past_key_values=state)
+        return self.backend.forward(ids, cache=state)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         new, running = split_batch(batch)
@@ -337,10 +347,10 @@ class PagedRunner:
 
     name = "paged"
 
-    def __init__(self, backend: HFBackend, decode_attention: str, plan: PoolPlan):
+    def __init__(self, backend: HFBackend, attention: str, plan: PoolPlan):
         self.backend = backend
         self.torch = backend.torch
-        self.decode_attention = decode_attention
+        self.packed = attention == PACKED_ATTENTION
         self.blocks = BlockManager(plan)
         self.block_size = plan.block_size
         self.cache = make_paged_cache(self.torch, plan.tokens)
@@ -354,21 +364,25 @@ class PagedRunner:
         self.key_offsets = self.key_positions % self.block_size
         self.attend = self.torch.tensor(0.0, dtype=dtype, device=device)
         self.ignore = self.torch.tensor(self.torch.finfo(dtype).min, dtype=dtype, device=device)
+        self.no_mask = self.attend.view(1, 1, 1, 1)  # a packed step's masks travel in ``Packed``
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, Any]:
         decode = [c for c in batch if len(c.tokens) == 1]
         sampled = [c for c in decode if c.sample]  # (a one-token piece of a chunked prompt samples nothing)
         proposals = self.speculator.plan(sampled) if self.speculator is not None and sampled else {}
         seqs, rows, out = [], [], {}
+        longer = [c for c in batch if len(c.tokens) > 1]
         if proposals:
             out = self._verify(decode, proposals, seqs, rows)
-            decode = []
-        for group, attention in ((decode, self.decode_attention), ([c for c in batch if len(c.tokens) > 1], None)):
+            batch, decode = longer, []
+        # Packed: the whole batch in one forward. Padded: the decodes, then the longer chunks (padding every
+        # decode to a prompt's width would cost more than reading the weights twice).
+        for group in ([batch] if self.packed else [decode, longer]):
             if not group:
                 continue
             began = time.perf_counter()
-            logits = self._forward(group, attention)
-            if group is decode and self.speculator is not None:  # plain decode steps keep the cost model current
+            logits = self._forward(group)
+            if self.speculator is not None and (group is decode or not longer):  # plain decode steps: the cost model
                 self.speculator.cost.observe(len(group), time.perf_counter() - began)
             keep = [i for i, chunk in enumerate(group) if chunk.sample]
             if keep:
@@ -387,7 +401,7 @@ class PagedRunner:
                   else c for c in decode]
         width = max(len(c.tokens) for c in decode)
         began = time.perf_counter()
-        logits = self._forward(decode, None, last=width)
+        logits = self._forward(decode, last=width)
         out = {}
         for chunk, row in zip(decode, logits):
             if chunk.seq.uid in proposals:
@@ -399,22 +413,35 @@ class PagedRunner:
         self.speculator.cost.observe(len(decode) * width, time.perf_counter() - began)
         return out
 
-    def _forward(self, chunks: Sequence[Chunk], attention: str | None, last: int = 1) -> Any:
-        """Run ``chunks`` (left-padded to one width) through the model; each chunk's logits at its last position
-        (``[rows, vocab]``), or at its last ``last`` positions (``[rows, last, vocab]``)."""
+    def _forward(self, chunks: Sequence[Chunk], last: int = 1) -> Any:
+        """Run ``chunks`` through the model, packed or left-padded to one width; each chunk's logits at its last
+        position (``[rows, vocab]``), or at its last ``last`` positions (``[rows, last, vocab]``, padded)."""
+        if self.packed and last == 1:
+            return self._packed_forward(chunks)
         width = max(len(c.tokens) for c in chunks)
         ids, positions, write, read, mask = \
             self._decode_inputs(chunks) if width == 1 else self._chunk_inputs(chunks, width)
         self.cache.plan(write, read, read.shape[1] - width)
+        logits, _ = self.backend.forward(ids, last, attention_mask=mask, cache=self.cache,
+                                         position_ids=positions)
+        return logits
+
+    def _packed_forward(self, chunks: Sequence[Chunk]) -> Any:
+        """One row of every chunk's tokens, one-token chunks first (``packed_attention``); logits in ``chunks``'
+        order."""
+        order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].tokens) > 1)
+        ids, positions, write, keep, packed = self._packed_inputs([chunks[i] for i in order])
+        self.cache.plan(write, None, 0)
         config = self.backend.model.config
-        stock = config._attn_implementation
-        if attention is not None:
-            config._attn_implementation = attention
+        stock, config._attn_implementation = config._attn_implementation, PACKED_ATTENTION
         try:
-            logits, _ = self.backend.forward(ids, last, attention_mask=mask, past_key_values=self.cache,
-                                             position_ids=positions)
+            cache = {self.backend.cache_keyword: self.cache}
+            logits = self.backend.model(input_ids=ids, position_ids=positions, attention_mask=self.no_mask, **cache,
+                                        use_cache=True, logits_to_keep=keep, lmi_packed=packed).logits[0]
         finally:
             config._attn_implementation = stock
+        if order != sorted(order):
+            logits = logits[self.torch.tensor(sorted(range(len(order)), key=order.__getitem__))]
         return logits
 
     def _tables(self, chunks: Sequence[Chunk], view: int) -> Any:
@@ -423,10 +450,10 @@ class PagedRunner:
         tables = [self.blocks.table(c.seq)[:blocks] for c in chunks]
         return self.torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=self.backend.device)
 
-    def _read_slots(self, table: Any, view: int, hidden: Any) -> Any:
+    def _read_slots(self, table: Any, view: int, hidden: Any = None) -> Any:
         """``[rows, view]``: the pool slot of each position a row reads, the scratch slot where ``hidden``."""
         read = (table * self.block_size)[:, self.key_blocks[:view]] + self.key_offsets[:view]
-        return read.masked_fill_(hidden, self.cache.scratch)
+        return read if hidden is None else read.masked_fill_(hidden, self.cache.scratch)
 
     def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
         """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
@@ -441,6 +468,32 @@ class PagedRunner:
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
         mask = torch.where(hidden, self.ignore, self.attend)[:, None, None]
         return meta[:, :1], positions, meta[:, 2], self._read_slots(self._tables(chunks, view), view, hidden), mask
+
+    def _packed_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
+        """Model inputs for one packed row: ids and positions ``[1, tokens]``, write slots ``[tokens]``, the row
+        index of each chunk's last token, and ``Packed``; ``chunks`` has its one-token chunks first."""
+        torch = self.torch
+        rows = sum(1 for c in chunks if len(c.tokens) == 1)
+        positions, write, keep, pieces = [], [], list(range(rows)), []
+        if rows:
+            _, position, slot, read, mask = self._decode_inputs(chunks[:rows])
+            positions.append(position.flatten())
+            write.append(slot)
+            decode = (read, mask[:, 0])
+        offset = rows
+        for chunk in chunks[rows:]:
+            read = self._read_slots(self._tables([chunk], chunk.end), chunk.end)[0]
+            position = self.key_positions[chunk.start:chunk.end]
+            visible = self.key_positions[:chunk.end] <= position[:, None]
+            pieces.append((offset, len(chunk.tokens), read, torch.where(visible, self.attend, self.ignore)[None, None]))
+            positions.append(position.clamp(max=self.max_position))
+            write.append(read[chunk.start:])
+            offset += len(chunk.tokens)
+            keep.append(offset - 1)
+        ids = torch.tensor([[t for c in chunks for t in c.tokens]], device=self.backend.device)
+        cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
+        packed = Packed(rows, *(decode if rows else (None, None)), tuple(pieces))
+        return ids, cat(positions)[None], cat(write), torch.tensor(keep, device=self.backend.device), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
         """Model inputs for chunks of several tokens, left-padded to ``width``; padding writes to the scratch slot."""
@@ -495,15 +548,14 @@ class PagedRunner:
             try:
                 for seq in seqs:
                     self.blocks.admit(seq)
-                first = self._forward([Chunk(seqs[0], 0, prompts[0][:5]), Chunk(seqs[1], 0, prompts[1])], None)
-                rest = self._forward([Chunk(seqs[0], 5, prompts[0][5:])], None)
+                first = self._forward([Chunk(seqs[0], 0, prompts[0][:5]), Chunk(seqs[1], 0, prompts[1])])
+                rest = self._forward([Chunk(seqs[0], 5, prompts[0][5:])])
                 got = [self.torch.stack([rest[0], first[1]])]
                 for _ in range(2):
                     for seq, row in zip(seqs, got[-1]):
                         seq.generated.append(int(row.argmax()))
                         self.blocks.grow(seq, seq.length)
-                    got.append(self._forward([Chunk(s, s.length - 1, s.generated[-1:]) for s in seqs],
-                                             self.decode_attention))
+                    got.append(self._forward([Chunk(s, s.length - 1, s.generated[-1:]) for s in seqs]))
             finally:
                 self.reset()
         for step, rows in enumerate(got):

@@ -9,9 +9,11 @@ their content (``prefix_cache``) and shared between sequences by reference count
 ``[kv_heads, slots, head_dim]`` where slot = block * block_size + offset, plus one scratch slot that
 padding writes to and reads from. Before each forward ``plan`` says which slot each new token writes
 and which slots each row reads, in position order; ``update`` writes, then gathers ``[rows, kv_heads,
-positions, head_dim]`` for attention, so the model's own attention code runs unchanged. Heads come first
-in the pool so that the gather is ``[kv_heads, rows, positions, head_dim]`` in memory: the decode
-attention (``decode_attention.py``) multiplies it as it lies, without a copy per layer and step.
+positions, head_dim]`` for attention, so the model's own attention code runs unchanged. A packed step
+(``packed_attention.py``) plans no reads: ``update`` returns the layer's pool and the packed attention
+gathers each chunk's slots itself. Heads come first in the pool so that a gather is ``[kv_heads, rows,
+positions, head_dim]`` in memory: the decode attention multiplies it as it lies, without a copy per layer
+and step.
 
 Pool size (the names LMI and vLLM users know): ``option.num_gpu_blocks_override`` (blocks), else
 ``option.kv_cache_memory_bytes``, else on CUDA ``option.gpu_memory_utilization`` of the device's memory
@@ -200,8 +202,9 @@ def _build_cache_class(torch: Any) -> Any:
             self._past = 0
 
         def plan(self, write: Any, read: Any, past: int) -> None:
-            """``write``: [tokens] slot per new token, row-major; ``read``: [rows, positions] slots;
-            ``past``: positions before this forward's first query (what the model asks for masks)."""
+            """``write``: [tokens] slot per new token, row-major; ``read``: [rows, positions] slots, or None
+            for a packed step; ``past``: positions before this forward's first query (what the model asks
+            for masks)."""
             self._write, self._read, self._past = write, read, past
 
         def update(self, key_states: Any, value_states: Any, layer_idx: int, cache_kwargs: Any = None,
@@ -221,6 +224,8 @@ def _build_cache_class(torch: Any) -> Any:
             # [rows, positions] slots 3-5x slower on CPU at a batch of 32 (benchmarks/engine.py decode).
             keys.index_copy_(1, self._write, key_states.transpose(0, 1).reshape(heads, -1, dim))
             values.index_copy_(1, self._write, value_states.transpose(0, 1).reshape(heads, -1, dim))
+            if self._read is None:
+                return keys, values
             shape = (heads, *self._read.shape, dim)
             flat = self._read.flatten()
             return (keys.index_select(1, flat).view(shape).transpose(0, 1),
@@ -236,7 +241,7 @@ def _build_cache_class(torch: Any) -> Any:
             return -1
 
         def get_mask_sizes(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
-            return self._read.shape[1], 0
+            return (self._read.shape[1] if self._read is not None else self._past), 0
 
         def __len__(self) -> int:
             return len(self.keys)

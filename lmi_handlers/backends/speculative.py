@@ -210,12 +210,12 @@ def measure_cost(runner: Any, torch: Any, tokens: int = 24, repeats: int = 3) ->
     with torch.inference_mode():
         try:
             runner.blocks.admit(seq)
-            runner._forward([Chunk(seq, 0, seq.all_ids[:tokens])], None)  # warm up, and fill what the reads see
-            for width, attention in ((1, runner.decode_attention), (tokens, None)):
+            runner._forward([Chunk(seq, 0, seq.all_ids[:tokens])])  # warm up, and fill what the reads see
+            for width in (1, tokens):
                 best = float("inf")
                 for _ in range(repeats):
                     began = time.perf_counter()
-                    runner._forward([Chunk(seq, tokens, seq.all_ids[tokens:tokens + width])], attention)
+                    runner._forward([Chunk(seq, tokens, seq.all_ids[tokens:tokens + width])])
                     best = min(best, time.perf_counter() - began)
                 timings[width] = best
         finally:
@@ -247,9 +247,8 @@ class DraftProposer:
                 rows.append((seq, k, proposals[seq.uid]))
         chunks = [Chunk(seq, self.cached[seq.uid], seq.all_ids[self.cached[seq.uid]:]) for seq, _, _ in rows]
         while rows:
-            single = all(len(c.tokens) == 1 for c in chunks)
             began = time.perf_counter()
-            logits = self.runner._forward(chunks, self.runner.decode_attention if single else None).float()
+            logits = self.runner._forward(chunks).float()
             for (seq, _, proposal), row in zip(rows, logits):
                 if proposal.q is None:
                     proposal.tokens.append(int(row.argmax()))

@@ -170,3 +170,33 @@ def test_a_pool_too_small_for_one_sequence_is_a_config_error_naming_the_option(m
     assert out is not None and out.code >= 400
     body = bytes(out.content.value_at(0)).decode()
     assert field in body and options[field] in body
+
+
+def test_a_packed_step_runs_decodes_and_prompts_in_one_forward_and_stays_exact(model_dir, tmp_path, generate,
+                                                                              monkeypatch):
+    import transformers
+    from packaging.version import Version
+
+    handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", enable_chunked_prefill="true",
+                     max_rolling_batch_prefill_tokens=24, block_size=4)
+    runner = handler.backend.runner
+    # transformers < 4.48 (the neuronx image's 4.43) cannot pass the packed layout to attention: two forwards.
+    assert runner.packed == (Version(transformers.__version__) >= Version("4.48"))
+    forwards, mixed = [], []
+    handler.backend.model.register_forward_hook(lambda *args: forwards.append(1))
+    step = handler.backend.step
+
+    def counted(batch):
+        forwards.clear()
+        out = step(batch)
+        if len({len(c.tokens) > 1 for c in batch}) == 2:  # decodes and longer chunks together
+            mixed.append((len(batch), len(forwards)))
+        return out
+
+    monkeypatch.setattr(handler.backend, "step", counted)
+    rng = random.Random(5)
+    seqs = run(handler, {0: [(p, 16) for p in prompts(rng, 3, 2, 6)], 2: [(p, 9) for p in prompts(rng, 2, 5, 40)],
+                         5: [(p, 7) for p in prompts(rng, 3, 10, 20)]})
+    assert_exact(generate, seqs)
+    assert len(mixed) >= 3
+    assert {count for _, count in mixed} == ({1} if runner.packed else {2}), mixed

@@ -1,0 +1,74 @@
+"""The attention of a packed step of the transformers backend's paged runner (``hf.py``).
+
+A packed step runs every chunk of the batch (one-token decodes, prompts, prompt pieces) through the model
+as one row of tokens, ``[1, tokens]``, so the weights are read from memory once per step however many
+chunks there are and nothing is padded. Per layer the paged cache writes the new keys and values and
+hands this attention the whole pool; ``Packed`` says which pool slots each chunk reads:
+
+- the one-token chunks, which lead the row, attend together: a KV group's query heads are folded into
+  the query dimension and two batched matmuls run against the slots as stored, which is cheaper than
+  repeating each KV head for its query heads (transformers' SDPA path) for one query token;
+- each longer chunk attends to its own slots with transformers' SDPA function under a causal mask.
+
+torch and transformers are imported when the attention is first registered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+PACKED_ATTENTION = "lmi_packed"
+# Architectures whose attention is plain scaled dot-product over the cache (no softcapping, sinks or
+# per-layer windows), so that a chunk's attention depends on nothing but its query, keys and mask.
+PACKED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
+
+
+@dataclass(frozen=True)
+class Packed:
+    """Where each chunk of a packed row reads. ``decode``: how many one-token chunks lead the row;
+    ``decode_read`` ``[decode, view]`` their slots in position order and ``decode_mask`` ``[decode, 1, view]``
+    (0 or the dtype's minimum) what each may see; ``chunks``: per longer chunk, its (offset in the row,
+    length, slots ``[view]``, causal mask ``[1, 1, length, view]``)."""
+
+    decode: int
+    decode_read: Any
+    decode_mask: Any
+    chunks: tuple[tuple[int, int, Any, Any], ...]
+
+
+def packed_attention(model: Any) -> str | None:
+    """Register (once) and name the packed attention, or None where the model or transformers cannot use it
+    (transformers < 4.48 has no ``AttentionInterface`` and does not pass our ``Packed`` down to attention)."""
+    try:
+        from transformers import AttentionInterface
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    except ImportError:
+        return None
+    if getattr(model.config, "model_type", None) not in PACKED_ATTENTION_MODELS:
+        return None
+    import torch
+
+    def attention(module: Any, query: Any, key: Any, value: Any, attention_mask: Any, dropout: float = 0.0,
+                  scaling: float | None = None, lmi_packed: Packed | None = None, **kwargs: Any) -> tuple[Any, None]:
+        # query: [1, heads, tokens, head_dim]; key, value: the layer's pool, [kv_heads, slots, head_dim].
+        _, heads, _, head_dim = query.shape
+        groups = key.shape[0]
+        parts = []
+        if lmi_packed.decode:
+            rows, slots = lmi_packed.decode, lmi_packed.decode_read.flatten()
+            grouped = query[0, :, :rows].view(groups, heads // groups, rows, head_dim).transpose(1, 2)
+            keys = key.index_select(1, slots).view(groups, rows, -1, head_dim)
+            scores = torch.matmul(grouped, keys.transpose(-1, -2)) * (scaling or head_dim ** -0.5)
+            probs = torch.softmax(scores + lmi_packed.decode_mask, dim=-1, dtype=torch.float32).to(value.dtype)
+            out = torch.matmul(probs, value.index_select(1, slots).view(groups, rows, -1, head_dim))
+            parts.append(out.transpose(0, 1).reshape(rows, heads, head_dim))  # [rows, groups, per group, dim]
+        for offset, length, slots, mask in lmi_packed.chunks:
+            keys, values = key.index_select(1, slots)[None], value.index_select(1, slots)[None]
+            out, _ = sdpa_attention_forward(module, query[:, :, offset:offset + length], keys, values, mask,
+                                            dropout=dropout, scaling=scaling)
+            parts.append(out[0])  # [length, heads, head_dim]
+        return (parts[0] if len(parts) == 1 else torch.cat(parts))[None], None
+
+    AttentionInterface.register(PACKED_ATTENTION, attention)
+    return PACKED_ATTENTION
