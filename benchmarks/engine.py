@@ -6,6 +6,7 @@
     .venv/bin/python benchmarks/engine.py chunked    # running streams' inter-token latency while long prompts arrive
     .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
     .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
+    .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers vs oneDNN prepacked
     .venv/bin/python benchmarks/engine.py all
 
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
@@ -294,6 +295,37 @@ def packed(args: argparse.Namespace) -> None:
             print(f"| {rows} | {kind} | {two:.1f} | {one:.1f} | {two / one:.2f}x |")
 
 
+def linear(args: argparse.Namespace) -> None:
+    """SmolLM2's own decode step (forward with its DynamicCache, argmax) with torch's stock linear layers and with
+    them through oneDNN with prepacked weights (``option.cpu_linear_kernel=onednn``), interleaved in one process;
+    how often the two choose the same token and how far their logits are apart."""
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    from lmi_handlers.backends.onednn_linear import prepack_linears
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    path = convert_smollm2(say=lambda line: None)
+    models = {"stock": AutoModelForCausalLM.from_pretrained(path).eval(),
+              "onednn": AutoModelForCausalLM.from_pretrained(path).eval()}
+    prepack_linears(torch, models["onednn"])
+    print(f"\nSmolLM2-135M-Instruct decode step after 40-token prompts, ms (median of {args.trials} interleaved runs "
+          "of 8 steps), stock / oneDNN prepacked")
+    print("| rows | stock | oneDNN | speed-up | same greedy token | largest logit difference |\n"
+          "|---|---|---|---|---|---|")
+    for rows in (1, 16, 64):
+        prompt = torch.randint(3, 49_000, (rows, 40), generator=torch.Generator().manual_seed(rows))
+        seconds: dict[str, list[float]] = {"stock": [], "onednn": []}
+        logits = {}
+        for _ in range(args.trials):
+            for label, model in models.items():
+                spent, logits[label] = greedy_steps(model, DynamicCache(), prompt, steps=8)
+                seconds[label].append(spent)
+        a, b = (statistics.median(seconds[k]) * 1000 for k in ("stock", "onednn"))
+        same = (logits["stock"].argmax(-1) == logits["onednn"].argmax(-1)).float().mean()
+        print(f"| {rows} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {same:.1%} | "
+              f"{(logits['stock'] - logits['onednn']).abs().max():.1e} |")
+
+
 def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
     """Seconds per greedy decode step after prefilling ``prompt``, and the last-position logits of every step."""
     cache = {cache_keyword(model): cache}
@@ -326,7 +358,7 @@ done
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed")
+    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/serve_sweep.py                       # both models, C = 1, 4, 16, 64, every peer
     .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
+    .venv/bin/python benchmarks/serve_sweep.py --peers lmi,vllm --lmi-option cpu_linear_kernel=onednn
 
 Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
 loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
@@ -110,12 +111,13 @@ def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
 
 # --- peers ---------------------------------------------------------------------------------------
 
-def lmi_command(model: Model, port: int, workdir: Path) -> tuple[list[str], dict[str, str], str]:
+def lmi_command(model: Model, port: int, workdir: Path, options: list[str]) -> tuple[list[str], dict[str, str], str]:
     model_dir = workdir / f"lmi-{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
                   "option.rolling_batch": "auto", "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true"}
+                  "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true",
+                  **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [sys.executable, "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(port), "--log-level", "warning"]
@@ -258,14 +260,17 @@ def main() -> None:
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--lmi-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
-    commands = {"lmi": lmi_command, "transformers": transformers_command,
+    commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option), "transformers": transformers_command,
                 "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve())}
-    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads, "models": {}}
+    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
+                              "lmi_options": args.lmi_option, "models": {}}
     for name in args.models.split(","):
         model = MODELS[name]()
         counter = TokenCounter.load(model.path)

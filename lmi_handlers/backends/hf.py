@@ -30,6 +30,7 @@ from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
+from .onednn_linear import parse_kernel, prepack_linears
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
@@ -151,7 +152,7 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS | SPECULATIVE_KEYS | {"quantize", "gguf_file"}
+    option_keys = POOL_KEYS | SPECULATIVE_KEYS | {"quantize", "gguf_file", "cpu_linear_kernel"}
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -168,6 +169,7 @@ class HFBackend:
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
         quantize = parse_method(config.properties.get("quantize"))
+        kernel = parse_kernel(config.properties)
         speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -182,7 +184,9 @@ class HFBackend:
         if not multi_gpu:
             model.to(device)
         self.quantized = self._quantize(model, quantize)
-        if split_output_projection(torch, model):
+        if kernel == "onednn":
+            logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))
+        elif split_output_projection(torch, model):
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model
         self.device = next(model.parameters()).device

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.backends.onednn_linear import parse_kernel
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup
@@ -154,6 +155,7 @@ def resolve_settings(target: Target) -> None:
         return
     try:
         target.int8 = hf_quantize(target.props) is not None
+        parse_kernel(target.props)
         hf_speculation(target.props, config.model_id)
     except ConfigError as exc:
         target.refusal = exc

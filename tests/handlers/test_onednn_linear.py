@@ -1,0 +1,63 @@
+"""Linear layers through oneDNN with prepacked weights (``option.cpu_linear_kernel=onednn``): logits close to the
+stock ones, greedy output equal to ``model.generate`` on the same prepacked model alone and in a busy batch, and a
+clear refusal where it cannot run."""
+
+import random
+
+import pytest
+
+from lmi_handlers.backends.onednn_linear import prepack_linears
+from lmi_handlers.config import ConfigError
+
+from .test_hf_backend import loaded
+from .test_paged_engine import assert_exact, prompts, run
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+
+
+def load_model(path, prepacked=False):
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    if prepacked:
+        assert prepack_linears(torch, model) == sum(type(m) is torch.nn.Linear for m in model.modules()) > 0
+    return model
+
+
+def test_prepacked_logits_stay_within_rounding_of_the_stock_ones(tiny_model_dir):
+    stock, packed = load_model(tiny_model_dir), load_model(tiny_model_dir, prepacked=True)
+    rng = random.Random(0)
+    with torch.inference_mode():
+        for rows, length in ((1, 5), (2, 1), (7, 3), (40, 1)):
+            ids = torch.tensor([[rng.randrange(3, 2000) for _ in range(length)] for _ in range(rows)])
+            want, got = stock(ids).logits, packed(ids).logits
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (rows, length)
+
+
+def test_greedy_output_equals_generate_on_the_prepacked_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path):
+    handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_rolling_batch_size=8,
+                     cpu_linear_kernel="onednn")
+    assert "forward" in vars(handler.backend.model.get_output_embeddings())
+    rng = random.Random(4)
+    alone = run(handler, {0: [(prompts(rng, 1, 4, 12)[0], 12)]})
+    busy = run(handler, {0: [(p, 16) for p in prompts(rng, 5, 2, 20)], 2: [(p, 10) for p in prompts(rng, 3, 30, 60)]})
+    assert_exact((None, load_model(tiny_model_dir, prepacked=True)), alone + busy)
+
+
+def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tiny_model_dir):
+    half = load_model(tiny_model_dir).to(torch.bfloat16)
+    with pytest.raises(ConfigError, match="cpu_linear_kernel.*onednn.*float32.*bfloat16"):
+        prepack_linears(torch, half)
+
+
+@pytest.mark.parametrize("options, words", [
+    ({"cpu_linear_kernel": "mkl"}, ("cpu_linear_kernel", "mkl", "stock, onednn")),
+    ({"cpu_linear_kernel": "onednn", "dtype": "bf16"}, ("cpu_linear_kernel", "onednn", "float32"))])
+def test_the_init_call_refuses_what_cannot_run_with_the_option_and_the_value(tiny_model_dir, tmp_path, options, words):
+    from lmi_handlers.handler import Handler
+    from lmi_tools.serving.worker.frontend import init_input
+
+    out = Handler().handle(init_input({"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **options}))
+    assert out is not None and out.code >= 400
+    body = bytes(out.content.value_at(0)).decode()
+    assert all(word in body for word in words), body
