@@ -264,6 +264,8 @@ def main() -> None:
                         help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
     args = parser.parse_args()
+    if bad := [option for option in args.lmi_option if "=" not in option]:
+        parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)

@@ -345,6 +345,14 @@ def test_hf_int8_weights_count_in_the_memory_fit_and_a_wrong_method_is_an_error(
     assert "option.quantize='awq' is invalid" in error.message and "static_int8" in error.message
 
 
+def test_an_unknown_cpu_linear_kernel_is_an_error_naming_what_is_allowed(tmp_path):
+    gpu = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf", "option.dtype": "fp16"}
+    report = validate_model_dir(make_dir(tmp_path, {**gpu, "option.cpu_linear_kernel": "mkl"}, "g5.xlarge",
+                                         LLAMA_2_13B))
+    [error] = [f for f in report.errors if f.check == "dtype"]
+    assert "option.cpu_linear_kernel='mkl' is invalid" in error.message and "stock, onednn" in error.message
+
+
 # The original inf2 example: a model.py with its own handle() that reads option.dtype=f16 (amp style) itself.
 OWN_HANDLE = '''from djl_python import Input, Output
 

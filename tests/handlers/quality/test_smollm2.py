@@ -153,3 +153,20 @@ def test_sampling_with_a_seed_is_reproducible(handler):
     other["parameters"]["seed"] = 7
     assert json.loads(ask(handler, other))["generated_text"] != first["generated_text"]  # another seed, another sample
     assert first["details"]["seed"] == 42 and first["details"]["generated_tokens"] <= 16
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
+def test_with_onednn_linear_layers_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path):
+    from lmi_handlers.backends.onednn_linear import prepack_linears
+
+    onednn = Handler()
+    props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path), "rolling_batch": "scheduler",
+             "max_rolling_batch_size": "8", "cpu_linear_kernel": "onednn"}
+    assert onednn.handle(init_input(props)) is None
+    tokenizer, model = transformers.AutoTokenizer.from_pretrained(smollm2_dir), \
+        transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
+    prepack_linears(torch, model)
+    bodies = serve(onednn, [chat(question) for question, _ in FACTS], join_every=0, seed=5)  # a busy batch
+    for (question, word), body in zip(FACTS, bodies):
+        assert word in content(json.loads(body))
+        assert content(json.loads(body)) == generate((tokenizer, model), question)
