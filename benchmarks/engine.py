@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
     .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
     .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers vs oneDNN prepacked
+    .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
     .venv/bin/python benchmarks/engine.py all
 
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
@@ -326,6 +327,32 @@ def linear(args: argparse.Namespace) -> None:
               f"{(logits['stock'] - logits['onednn']).abs().max():.1e} |")
 
 
+def sampling(args: argparse.Namespace) -> None:
+    """``select_tokens`` over SmolLM2-sized logits (49,152 tokens): greedy rows, rows sampled at temperature 1
+    (what an OpenAI request without sampling fields asks for: drawn in vocabulary order) and rows with a top-p,
+    which must sort their logits; the sorted rows are the baseline (every sampled row sorted before)."""
+    from lmi_handlers.backends.sampler import select_tokens
+
+    print("\nselect_tokens over [rows, 49,152] float32 logits, ms (median of 11 calls)")
+    print("| rows | greedy | temperature 1 | top_p 0.95 (sorted) | temperature 1 vs sorted |\n|---|---|---|---|---|")
+    kinds = {"greedy": {"do_sample": False}, "temperature": {"do_sample": True}, "top_p": {"do_sample": True,
+                                                                                           "top_p": 0.95}}
+    for rows in (1, 16, 64):
+        logits = torch.randn(rows, 49_152, generator=torch.Generator().manual_seed(rows)) * 3
+        times = {}
+        for kind, params in kinds.items():
+            request = GenerationRequest(Schema.LMI, "ids", SamplingParams(**params), StoppingParams(max_new_tokens=8))
+            seqs = [SequenceState(request, [1], decode=str, seed=i) for i in range(rows)]
+            calls = []
+            for _ in range(11):
+                began = time.perf_counter()
+                select_tokens(torch, logits, seqs)
+                calls.append(time.perf_counter() - began)
+            times[kind] = statistics.median(calls) * 1000
+        print(f"| {rows} | {times['greedy']:.2f} | {times['temperature']:.2f} | {times['top_p']:.2f} | "
+              f"{times['top_p'] / times['temperature']:.1f}x faster |")
+
+
 def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
     """Seconds per greedy decode step after prefilling ``prompt``, and the last-position logits of every step."""
     cache = {cache_keyword(model): cache}
@@ -358,7 +385,7 @@ done
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear")
+    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "sampling")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

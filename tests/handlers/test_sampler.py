@@ -1,0 +1,66 @@
+"""Batched token selection (``backends/sampler.py``): sampled rows follow the distribution they ask for, whether
+they draw in vocabulary order (temperature only) or sorted (top-k, top-p), and only truncating rows sort."""
+
+import pytest
+
+from lmi_handlers.backends import sampler
+from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
+from lmi_handlers.sequence import SequenceState
+
+torch = pytest.importorskip("torch")
+
+LOGITS = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, 3.0])
+DRAWS = 6000
+
+
+def sequences(count, **sampling):
+    request = GenerationRequest(Schema.LMI, "ids", SamplingParams(do_sample=True, **sampling), StoppingParams(4))
+    return [SequenceState(request, [1], decode=str, seed=seed) for seed in range(count)]
+
+
+def frequencies(seqs):
+    """Each token's share of one draw per sequence, all rows in one batch."""
+    picks = [token for token, _ in sampler.select_tokens(torch, LOGITS.repeat(len(seqs), 1), seqs)]
+    return torch.bincount(torch.tensor(picks), minlength=len(LOGITS)).float() / len(seqs)
+
+
+def kept(probs, top_k=0, top_p=1.0):
+    """``probs`` after top-k then top-p, renormalized, as transformers applies them."""
+    order = probs.argsort(descending=True)
+    keep = torch.zeros_like(probs, dtype=torch.bool)
+    keep[order[:top_k or len(probs)]] = True
+    mass = probs[order].cumsum(0) - probs[order]
+    keep[order[(mass >= top_p) & (torch.arange(len(probs)) > 0)]] = False
+    out = torch.where(keep, probs, torch.zeros_like(probs))
+    return out / out.sum()
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1.0}, {"temperature": 0.5}, {"temperature": 1.0, "top_k": 3},
+                                      {"temperature": 0.8, "top_p": 0.7}])
+def test_sampled_rows_follow_the_distribution_they_ask_for(sampling):
+    want = kept(torch.softmax(LOGITS / sampling["temperature"], dim=0), sampling.get("top_k", 0),
+                sampling.get("top_p", 1.0))
+    got = frequencies(sequences(DRAWS, **sampling))
+    assert (got - want).abs().max() < 0.025, (got, want)  # about 4 standard deviations at 6,000 draws
+    assert torch.all(got[want == 0] == 0)
+
+
+def test_only_rows_whose_top_k_or_top_p_cuts_something_sort_their_logits(monkeypatch):
+    sorted_rows = []
+    stock = sampler._sorted_probs
+    monkeypatch.setattr(sampler, "_sorted_probs",
+                        lambda torch, scores, params: sorted_rows.append(len(params)) or stock(torch, scores, params))
+    seqs = sequences(3) + sequences(2, top_k=2) + sequences(2, top_k=len(LOGITS)) + sequences(1, top_p=0.5)
+    sampler.select_tokens(torch, LOGITS.repeat(len(seqs), 1), seqs)
+    assert sorted_rows == [3]  # top_k=2 twice and top_p=0.5 once; a top-k of the whole vocabulary cuts nothing
+
+
+def test_a_seeded_row_draws_the_same_token_beside_rows_that_sort_and_rows_that_do_not():
+    def first_row_token(neighbours):
+        seqs = sequences(1, temperature=0.9) + neighbours
+        return sampler.select_tokens(torch, torch.randn(len(seqs), 50, generator=torch.Generator().manual_seed(1)),
+                                     seqs)[0][0]
+
+    alone = first_row_token([])
+    assert first_row_token(sequences(3, top_p=0.3)) == alone
+    assert first_row_token(sequences(4)) == alone
