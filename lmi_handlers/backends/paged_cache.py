@@ -12,8 +12,8 @@ and which slots each row reads, in position order; ``update`` writes, then gathe
 positions, head_dim]`` for attention, so the model's own attention code runs unchanged. A packed step
 (``packed_attention.py``) plans no reads: ``update`` returns the layer's pool and the packed attention
 gathers each chunk's slots itself. Heads come first in the pool so that a gather is ``[kv_heads, rows,
-positions, head_dim]`` in memory: the decode attention multiplies it as it lies, without a copy per layer
-and step.
+positions, head_dim]`` in memory: the packed attention's decode rows multiply it as it lies, without a copy
+per layer and step.
 
 Pool size (the names LMI and vLLM users know): ``option.num_gpu_blocks_override`` (blocks), else
 ``option.kv_cache_memory_bytes``, else on CUDA ``option.gpu_memory_utilization`` of the device's memory
