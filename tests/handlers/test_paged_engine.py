@@ -200,3 +200,19 @@ def test_a_packed_step_runs_decodes_and_prompts_in_one_forward_and_stays_exact(m
     assert_exact(generate, seqs)
     assert len(mixed) >= 3
     assert {count for _, count in mixed} == ({1} if runner.packed else {2}), mixed
+
+
+def test_garbage_in_unwritten_slots_never_reaches_an_answer(model_dir, tmp_path, generate):
+    # The pool is torch.empty memory, and a block handed out again still holds its last owner's values (an
+    # overflow's inf or NaN among them). Masked positions must not read them: 0 * NaN is NaN. Poison every
+    # slot but the scratch slot and check the answers, packed step and padded forwards alike.
+    handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", block_size=8, enable_chunked_prefill="true",
+                     max_rolling_batch_prefill_tokens=16)
+    rng = random.Random(6)
+    run(handler, {0: [(p, 3) for p in prompts(rng, 2, 5, 9)]})  # builds the pool
+    cache = handler.backend.runner.cache
+    with torch.inference_mode():
+        for pool in cache.keys + cache.values:
+            pool[:, :cache.scratch].fill_(float("nan"))
+    seqs = run(handler, {0: [(p, 12) for p in prompts(rng, 3, 3, 11)], 2: [(p, 9) for p in prompts(rng, 2, 20, 30)]})
+    assert_exact(generate, seqs)
