@@ -23,6 +23,7 @@ import dataclasses
 import inspect
 import logging
 import time
+from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -32,7 +33,7 @@ from ..sequence import Chunk, SequenceState
 from .base import split_batch
 from .onednn_linear import parse_kernel, prepack_linears
 from .output_projection import SLICE, split_output_projection
-from .packed_attention import PACKED_ATTENTION, Packed, packed_attention
+from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
 from .sampler import select_tokens
@@ -364,8 +365,7 @@ class PagedRunner:
         # the mask's two values (a decode step of a small model is a few dozen tensor operations in all).
         device, dtype = backend.device, next(backend.model.parameters()).dtype
         self.key_positions = self.torch.arange(backend.max_sequence_length + 1, device=device)
-        self.key_blocks = self.key_positions // self.block_size
-        self.key_offsets = self.key_positions % self.block_size
+        self.block_offsets = self.key_positions[:self.block_size]
         self.attend = self.torch.tensor(0.0, dtype=dtype, device=device)
         self.ignore = self.torch.tensor(self.torch.finfo(dtype).min, dtype=dtype, device=device)
         self.no_mask = self.attend.view(1, 1, 1, 1)  # a packed step's masks travel in ``Packed``
@@ -437,26 +437,35 @@ class PagedRunner:
         ids, positions, write, keep, packed = self._packed_inputs([chunks[i] for i in order])
         self.cache.plan(write, None, 0)
         config = self.backend.model.config
-        stock, config._attn_implementation = config._attn_implementation, PACKED_ATTENTION
+        stock = switch_attention(config, PACKED_ATTENTION)
         try:
             cache = {self.backend.cache_keyword: self.cache}
             logits = self.backend.model(input_ids=ids, position_ids=positions, attention_mask=self.no_mask, **cache,
                                         use_cache=True, logits_to_keep=keep, lmi_packed=packed).logits[0]
         finally:
-            config._attn_implementation = stock
+            switch_attention(config, stock)
         if order != sorted(order):
             logits = logits[self.torch.tensor(sorted(range(len(order)), key=order.__getitem__))]
         return logits
 
-    def _tables(self, chunks: Sequence[Chunk], view: int) -> Any:
-        """``[rows, blocks]``: each row's block table over the first ``view`` positions, zero-padded."""
+    def _ints(self, values: list[int]) -> Any:
+        # Through array: torch.tensor converts a Python list element by element, 5-7x slower at 32 rows.
+        ints = self.torch.frombuffer(array("q", values), dtype=self.torch.int64)
+        return ints if self.backend.device.type == "cpu" else ints.to(self.backend.device)
+
+    def _tables(self, chunks: Sequence[Chunk], view: int, lead: Sequence[Sequence[int]] = ()) -> Any:
+        """``[rows, blocks]``: each row's block table over the first ``view`` positions, zero-padded; with
+        ``lead``, each row starts with its own ``lead`` columns (one conversion for all of a step's integers)."""
         blocks = -(-view // self.block_size)
-        tables = [self.blocks.table(c.seq)[:blocks] for c in chunks]
-        return self.torch.tensor([t + [0] * (blocks - len(t)) for t in tables], device=self.backend.device)
+        flat: list[int] = []
+        for i, chunk in enumerate(chunks):
+            table = self.blocks.table(chunk.seq)[:blocks]
+            flat += [*(lead[i] if lead else ()), *table, *[0] * (blocks - len(table))]
+        return self._ints(flat).view(len(chunks), -1)
 
     def _read_slots(self, table: Any, view: int, hidden: Any = None) -> Any:
         """``[rows, view]``: the pool slot of each position a row reads, the scratch slot where ``hidden``."""
-        read = (table * self.block_size)[:, self.key_blocks[:view]] + self.key_offsets[:view]
+        read = (table[:, :, None] * self.block_size + self.block_offsets).view(len(table), -1)[:, :view]
         return read if hidden is None else read.masked_fill_(hidden, self.cache.scratch)
 
     def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
@@ -466,21 +475,22 @@ class PagedRunner:
         for c in chunks:
             block = self.blocks.table(c.seq)[c.start // size]
             meta.append((c.tokens[0], min(c.start, self.max_position), block * size + c.start % size))
-        meta = torch.tensor(meta, device=self.backend.device)
         view = max(c.end for c in chunks)
-        positions = meta[:, 1:2]
+        rows = self._tables(chunks, view, meta)  # [rows, 3 + blocks]: token, position, write slot, block table
+        positions = rows[:, 1:2]
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
         mask = torch.where(hidden, self.ignore, self.attend)[:, None, None]
-        return meta[:, :1], positions, meta[:, 2], self._read_slots(self._tables(chunks, view), view, hidden), mask
+        return rows[:, :1], positions, rows[:, 2], self._read_slots(rows[:, 3:], view, hidden), mask
 
     def _packed_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
         """Model inputs for one packed row: ids and positions ``[1, tokens]``, write slots ``[tokens]``, the row
         index of each chunk's last token, and ``Packed``; ``chunks`` has its one-token chunks first."""
         torch = self.torch
         rows = sum(1 for c in chunks if len(c.tokens) == 1)
-        positions, write, keep, pieces = [], [], list(range(rows)), []
+        ids, positions, write, keep, pieces = [], [], [], list(range(rows)), []
         if rows:
-            _, position, slot, read, mask = self._decode_inputs(chunks[:rows])
+            token, position, slot, read, mask = self._decode_inputs(chunks[:rows])
+            ids.append(token.flatten())
             positions.append(position.flatten())
             write.append(slot)
             decode = (read, mask[:, 0])
@@ -494,10 +504,12 @@ class PagedRunner:
             write.append(read[chunk.start:])
             offset += len(chunk.tokens)
             keep.append(offset - 1)
-        ids = torch.tensor([[t for c in chunks for t in c.tokens]], device=self.backend.device)
+        if rows < len(chunks):
+            ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
         packed = Packed(rows, *(decode if rows else (None, None)), tuple(pieces))
-        return ids, cat(positions)[None], cat(write), torch.tensor(keep, device=self.backend.device), packed
+        keep = self.key_positions[:rows] if rows == len(chunks) else self._ints(keep)
+        return cat(ids)[None], cat(positions)[None], cat(write), keep, packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
         """Model inputs for chunks of several tokens, left-padded to ``width``; padding writes to the scratch slot."""

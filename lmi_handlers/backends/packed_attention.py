@@ -37,6 +37,18 @@ class Packed:
     chunks: tuple[tuple[int, int, Any, Any], ...]
 
 
+def switch_attention(config: Any, name: str) -> str:
+    """Make ``name`` the attention implementation of ``config``'s model; returns the one it had. A packed step
+    switches twice per forward, so this writes the attribute the property reads: transformers 5's setter,
+    which checks the name and walks sub-configurations, took 8 microseconds a call, 3% of a tiny model's step."""
+    stock = config._attn_implementation
+    if "_attn_implementation_internal" in vars(config):
+        vars(config)["_attn_implementation_internal"] = name
+    else:
+        config._attn_implementation = name
+    return stock
+
+
 def packed_attention(model: Any) -> str | None:
     """Register (once) and name the packed attention, or None where the model or transformers cannot use it
     (transformers < 4.48 has no ``AttentionInterface`` and does not pass our ``Packed`` down to attention)."""
