@@ -31,7 +31,7 @@ from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
-from .onednn_linear import parse_kernel, prepack_linears
+from .onednn_linear import check_target, parse_kernel, prepack_linears
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
@@ -171,6 +171,7 @@ class HFBackend:
             common["revision"] = str(config.properties["revision"])
         quantize = parse_method(config.properties.get("quantize"))
         kernel = parse_kernel(config.properties)
+        check_target(kernel, device, str(dtype).removeprefix("torch."))
         speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -361,7 +362,7 @@ class PagedRunner:
         self.cache = make_paged_cache(self.torch, plan.tokens)
         self.max_position = backend.max_sequence_length - 1
         self.speculator: Speculator | None = None  # set by the backend with option.speculative_draft_model
-        # Built once, sliced every step: the key positions attention may read, their block and offset, and
+        # Built once, sliced every step: the key positions attention may read, the offsets within a block, and
         # the mask's two values (a decode step of a small model is a few dozen tensor operations in all).
         device, dtype = backend.device, next(backend.model.parameters()).dtype
         self.key_positions = self.torch.arange(backend.max_sequence_length + 1, device=device)
@@ -450,6 +451,8 @@ class PagedRunner:
 
     def _ints(self, values: list[int]) -> Any:
         # Through array: torch.tensor converts a Python list element by element, 5-7x slower at 32 rows.
+        if not values:  # frombuffer refuses an empty buffer
+            return self.torch.empty(0, dtype=self.torch.int64, device=self.backend.device)
         ints = self.torch.frombuffer(array("q", values), dtype=self.torch.int64)
         return ints if self.backend.device.type == "cpu" else ints.to(self.backend.device)
 

@@ -27,20 +27,30 @@ def parse_kernel(props: Mapping[str, Any]) -> str:
     return parse_choice(props, "cpu_linear_kernel", "stock", KERNELS)
 
 
+def check_target(kernel: str, device: str, dtype: str) -> None:
+    """Refuse ``onednn`` before anything loads where the options put the model elsewhere than float32 on the
+    CPU; ``device`` and ``dtype`` as resolved from the options (cpu or cuda; float32, float16 or bfloat16)."""
+    if kernel == "onednn" and (device, dtype) != ("cpu", "float32"):
+        raise _not_float32_on_cpu(f"{dtype} on {device}")
+
+
 def prepack_linears(torch: Any, model: Any) -> int:
     """Route every ``nn.Linear`` of ``model`` through oneDNN with its weight prepacked; how many layers.
     Refused (``ConfigError``) where the model is not float32 on the CPU or torch has no oneDNN."""
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
     weights = {(w.device.type, w.dtype) for w in (m.weight for m in layers)}
     if weights - {("cpu", torch.float32)}:
-        found = ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights))
-        raise ConfigError("cpu_linear_kernel", "onednn", f"oneDNN runs float32 linear layers on the CPU; this model "
-                          f"has {found}: remove the option, or load float32 on the CPU (option.dtype=fp32)")
+        raise _not_float32_on_cpu(", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
     if not torch.backends.mkldnn.is_available():
         raise ConfigError("cpu_linear_kernel", "onednn", "this torch build has no oneDNN (mkldnn): use stock")
     for layer in layers:
         layer.forward = _prepacked_forward(torch, layer)
     return len(layers)
+
+
+def _not_float32_on_cpu(found: str) -> ConfigError:
+    return ConfigError("cpu_linear_kernel", "onednn", f"oneDNN runs float32 linear layers on the CPU, not {found}: "
+                       "remove the option, or load float32 on the CPU (option.dtype=fp32, option.device=cpu)")
 
 
 def _prepacked_forward(torch: Any, layer: Any) -> Any:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_handlers.backends.neuronx_options import CompileSettings
-from lmi_handlers.backends.onednn_linear import parse_kernel
+from lmi_handlers.backends.onednn_linear import check_target, parse_kernel
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup
@@ -27,6 +27,7 @@ from .fit import figures
 from .runtime import handler_config, hf_quantize, hf_speculation, neuronx_plan
 
 AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -155,7 +156,10 @@ def resolve_settings(target: Target) -> None:
         return
     try:
         target.int8 = hf_quantize(target.props) is not None
-        parse_kernel(target.props)
+        device = config.device if config.device != "auto" else "cuda"  # the hf backend on a GPU instance
+        # option.dtype=auto is float32 on the CPU, float16 or bfloat16 on a GPU (hf.resolve_dtype)
+        dtype = "float32" if config.dtype == "auto" and device == "cpu" else DTYPE_NAMES.get(config.dtype, "float16")
+        check_target(parse_kernel(target.props), device, dtype)
         hf_speculation(target.props, config.model_id)
     except ConfigError as exc:
         target.refusal = exc
