@@ -478,7 +478,8 @@ class PagedRunner:
         for c in chunks:
             block = self.blocks.table(c.seq)[c.start // size]
             meta.append((c.tokens[0], min(c.start, self.max_position), block * size + c.start % size))
-        view = max(c.end for c in chunks)
+        # past the model's positions only when a caller skipped job.py's token budget: read what exists
+        view = min(max(c.end for c in chunks), len(self.key_positions))
         rows = self._tables(chunks, view, meta)  # [rows, 3 + blocks]: token, position, write slot, block table
         positions = rows[:, 1:2]
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token

@@ -216,3 +216,11 @@ def test_garbage_in_unwritten_slots_never_reaches_an_answer(model_dir, tmp_path,
             pool[:, :cache.scratch].fill_(float("nan"))
     seqs = run(handler, {0: [(p, 12) for p in prompts(rng, 3, 3, 11)], 2: [(p, 9) for p in prompts(rng, 2, 20, 30)]})
     assert_exact(generate, seqs)
+
+
+def test_a_sequence_driven_past_the_models_positions_does_not_fail_the_step(model_dir, tmp_path):
+    # job.py caps every request's budget at max_model_len; the engine used directly (benchmarks, speculation
+    # probes) must still step, as it did before the step's inputs were built by broadcasting.
+    handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", max_model_len=32, block_size=4)
+    seqs = run(handler, {0: [([5, 6, 7, 8] * 5, 30), ([9, 10, 11], 8)]})
+    assert [len(seq.generated) for seq in seqs] == [30, 8]
