@@ -468,6 +468,9 @@ class PagedRunner:
 
     def _read_slots(self, table: Any, view: int, hidden: Any = None) -> Any:
         """``[rows, view]``: the pool slot of each position a row reads, the scratch slot where ``hidden``."""
+        # Past the model's positions (only where a caller skipped job.py's token budget) the masks, sliced from
+        # key_positions, stop at its end: so does the read.
+        view = min(view, len(self.key_positions))
         read = (table[:, :, None] * self.block_size + self.block_offsets).view(len(table), -1)[:, :view]
         return read if hidden is None else read.masked_fill_(hidden, self.cache.scratch)
 
@@ -478,8 +481,7 @@ class PagedRunner:
         for c in chunks:
             block = self.blocks.table(c.seq)[c.start // size]
             meta.append((c.tokens[0], min(c.start, self.max_position), block * size + c.start % size))
-        # past the model's positions only when a caller skipped job.py's token budget: read what exists
-        view = min(max(c.end for c in chunks), len(self.key_positions))
+        view = max(c.end for c in chunks)
         rows = self._tables(chunks, view, meta)  # [rows, 3 + blocks]: token, position, write slot, block table
         positions = rows[:, 1:2]
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
