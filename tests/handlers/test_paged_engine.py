@@ -224,3 +224,17 @@ def test_a_sequence_driven_past_the_models_positions_does_not_fail_the_step(mode
     handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", max_model_len=32, block_size=4)
     seqs = run(handler, {0: [([5, 6, 7, 8] * 5, 30), ([9, 10, 11], 8)]})
     assert [len(seq.generated) for seq in seqs] == [30, 8]
+
+
+def test_decode_rows_attending_in_groups_give_the_same_answers(model_dir, tmp_path, generate, monkeypatch):
+    # On the CPU big decode batches attend a few rows at a time (packed_attention.DECODE_GATHER_BYTES); the tiny
+    # model's rows are small enough for one group, so force one row per group.
+    from lmi_handlers.backends import packed_attention
+
+    handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", block_size=4)
+    if not handler.backend.runner.packed:
+        pytest.skip("transformers < 4.48 runs no packed step")
+    monkeypatch.setattr(packed_attention, "DECODE_GATHER_BYTES", 1)
+    rng = random.Random(7)
+    seqs = run(handler, {0: [(p, 12) for p in prompts(rng, 5, 2, 30)], 3: [(p, 8) for p in prompts(rng, 3, 4, 12)]})
+    assert_exact(generate, seqs)
