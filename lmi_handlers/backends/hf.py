@@ -171,7 +171,7 @@ class HFBackend:
             common["revision"] = str(config.properties["revision"])
         quantize = parse_method(config.properties.get("quantize"))
         kernel = parse_kernel(config.properties)
-        check_target(kernel, device, str(dtype).removeprefix("torch."))
+        check_target(kernel, device, config.dtype)
         speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -514,8 +514,7 @@ class PagedRunner:
             ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
         packed = Packed(rows, *(decode if rows else (None, None)), tuple(pieces))
-        keep = self.key_positions[:rows] if rows == len(chunks) else self._ints(keep)
-        return cat(ids)[None], cat(positions)[None], cat(write), keep, packed
+        return cat(ids)[None], cat(positions)[None], cat(write), self._ints(keep), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
         """Model inputs for chunks of several tokens, left-padded to ``width``; padding writes to the scratch slot."""

@@ -29,9 +29,9 @@ def parse_kernel(props: Mapping[str, Any]) -> str:
 
 def check_target(kernel: str, device: str, dtype: str) -> None:
     """Refuse ``onednn`` before anything loads where the options put the model elsewhere than float32 on the
-    CPU; ``device`` and ``dtype`` as resolved from the options (cpu or cuda; float32, float16 or bfloat16)."""
-    if kernel == "onednn" and (device, dtype) != ("cpu", "float32"):
-        raise _not_float32_on_cpu(f"{dtype} on {device}")
+    CPU: ``device`` resolved (cpu or cuda), ``dtype`` as ``option.dtype`` says it (auto is float32 on the CPU)."""
+    if kernel == "onednn" and (device != "cpu" or dtype not in ("auto", "fp32")):
+        raise _not_float32_on_cpu(f"option.dtype={dtype} on {device}")
 
 
 def prepack_linears(torch: Any, model: Any) -> int:

@@ -27,7 +27,6 @@ from .fit import figures
 from .runtime import handler_config, hf_quantize, hf_speculation, neuronx_plan
 
 AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
-DTYPE_NAMES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 
 
 @dataclass
@@ -157,9 +156,7 @@ def resolve_settings(target: Target) -> None:
     try:
         target.int8 = hf_quantize(target.props) is not None
         device = config.device if config.device != "auto" else "cuda"  # the hf backend on a GPU instance
-        # option.dtype=auto is float32 on the CPU, float16 or bfloat16 on a GPU (hf.resolve_dtype)
-        dtype = "float32" if config.dtype == "auto" and device == "cpu" else DTYPE_NAMES.get(config.dtype, "float16")
-        check_target(parse_kernel(target.props), device, dtype)
+        check_target(parse_kernel(target.props), device, config.dtype)
         hf_speculation(target.props, config.model_id)
     except ConfigError as exc:
         target.refusal = exc
