@@ -7,6 +7,7 @@
     .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
     .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
     .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers vs oneDNN prepacked
+    .venv/bin/python benchmarks/engine.py attention  # SmolLM2 decode step: torch's attention vs the compiled kernel
     .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
     .venv/bin/python benchmarks/engine.py all
 
@@ -128,46 +129,54 @@ def prefix(args: argparse.Namespace) -> None:
 def decode(args: argparse.Namespace) -> None:
     """One decode step against the model's own forward with its DynamicCache, same batch and lengths: the hf
     backend's step (paged inputs, forward, batched sampling) and the whole engine step (plus scheduling,
-    detokenization, stop sequences and events, which generate's loop does not do)."""
+    detokenization, stop sequences and events, which generate's loop does not do), with the decode attention on
+    torch's operators and on the compiled kernel (``option.cpu_attention_kernel``), all interleaved."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
     path = model_dir("tiny")
     model = AutoModelForCausalLM.from_pretrained(path).eval()
-    handler = load(path, max_rolling_batch_size=64)
-    backend_step, in_backend = handler.backend.step, []
+    kernels = ("torch", "compiled")
+    handlers = {k: load(path, max_rolling_batch_size=64, cpu_attention_kernel=k) for k in kernels}
+    in_backend: list[float] = []
 
-    def timed_backend_step(batch):  # the engine calls it once per step; time it from the inside
-        began = time.perf_counter()
-        out = backend_step(batch)
-        in_backend.append(time.perf_counter() - began)
-        return out
+    def timed(backend_step):  # the engine calls it once per step; time it from the inside
+        def step(batch):
+            began = time.perf_counter()
+            out = backend_step(batch)
+            in_backend.append(time.perf_counter() - began)
+            return out
+        return step
 
-    handler.backend.step = timed_backend_step
+    for handler in handlers.values():
+        handler.backend.step = timed(handler.backend.step)
     rng = torch.Generator().manual_seed(2)
     print("\ntiny model (2 layers, hidden 64), prompts of 64 tokens, ms per decode step (median of 5 runs of "
           f"{args.steps} steps; ratios to the bare forward, in brackets those of the fastest runs)")
-    print("| batch | model forward + argmax (generate's loop) | hf backend step | ratio | engine step | ratio |\n"
-          "|---|---|---|---|---|---|")
+    print("| batch | model forward + argmax (generate's loop) | attention kernel | hf backend step | ratio | engine step "
+          "| ratio |\n|---|---|---|---|---|---|---|")
     for rows in (1, 8, 32):
         prompts = [ids(rng, 64, 2000) for _ in range(rows)]
-        bare, backend, ours = [], [], []
+        bare, backend, ours = [], {k: [] for k in kernels}, {k: [] for k in kernels}
         for _ in range(5):
             bare.append(greedy_steps(model, DynamicCache(), torch.tensor(prompts), args.steps)[0])
-            seqs = [sequence(handler, p, args.steps + 1) for p in prompts]
-            for seq in seqs:
-                handler.engine.add(seq)
-            handler.engine.step()  # prefill
-            in_backend.clear()
-            began = time.perf_counter()
-            for _ in range(args.steps):
-                handler.engine.step()
-            ours.append((time.perf_counter() - began) / args.steps)
-            backend.append(sum(in_backend) / args.steps)
-            assert handler.engine.idle
-        b, h, o = (statistics.median(x) for x in (bare, backend, ours))
-        # On a shared machine contention only adds time: the fastest runs come closest to the work itself.
-        print(f"| {rows} | {b * 1000:.2f} | {h * 1000:.2f} | {h / b:.2f}x ({min(backend) / min(bare):.2f}x) | "
-              f"{o * 1000:.2f} | {o / b:.2f}x ({min(ours) / min(bare):.2f}x) |")
+            for kernel, handler in handlers.items():
+                for seq in [sequence(handler, p, args.steps + 1) for p in prompts]:
+                    handler.engine.add(seq)
+                handler.engine.step()  # prefill
+                in_backend.clear()
+                began = time.perf_counter()
+                for _ in range(args.steps):
+                    handler.engine.step()
+                ours[kernel].append((time.perf_counter() - began) / args.steps)
+                backend[kernel].append(sum(in_backend) / args.steps)
+                assert handler.engine.idle
+        b = statistics.median(bare)
+        for kernel in kernels:
+            h, o = statistics.median(backend[kernel]), statistics.median(ours[kernel])
+            # On a shared machine contention only adds time: the fastest runs come closest to the work itself.
+            print(f"| {rows} | {b * 1000:.2f} | {kernel} | {h * 1000:.2f} | {h / b:.2f}x "
+                  f"({min(backend[kernel]) / min(bare):.2f}x) | {o * 1000:.2f} | {o / b:.2f}x "
+                  f"({min(ours[kernel]) / min(bare):.2f}x) |")
 
 
 def chunked(args: argparse.Namespace) -> None:
@@ -327,6 +336,39 @@ def linear(args: argparse.Namespace) -> None:
               f"{(logits['stock'] - logits['onednn']).abs().max():.1e} |")
 
 
+def attention(args: argparse.Namespace) -> None:
+    """SmolLM2 engine decode steps with the decode rows' attention on torch's operators (gather, two batched
+    products) and on the compiled kernel that reads the paged pool in place (``option.cpu_attention_kernel``),
+    linear layers through oneDNN in both, interleaved in one process."""
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    path = convert_smollm2(say=lambda line: None)
+    kernels = ("torch", "compiled")
+    handlers = {k: load(path, max_rolling_batch_size=64, cpu_linear_kernel="onednn", cpu_attention_kernel=k)
+                for k in kernels}
+    rng = torch.Generator().manual_seed(4)
+    print(f"\nSmolLM2-135M-Instruct, ms per engine decode step (20 steps after the prompts, median of {args.trials} "
+          "interleaved runs), decode attention on torch's operators / compiled kernel")
+    print("| rows | context | torch operators | compiled kernel | speed-up |\n|---|---|---|---|---|")
+    for rows, context in ((1, 200), (16, 200), (64, 200), (64, 600)):
+        prompts = [ids(rng, context, 49_000) for _ in range(rows)]
+        seconds: dict[str, list[float]] = {k: [] for k in kernels}
+        for _ in range(args.trials):
+            for kernel, handler in handlers.items():
+                seqs = [sequence(handler, p, 21) for p in prompts]
+                for seq in seqs:
+                    handler.engine.add(seq)
+                while not all(seq.generated for seq in seqs):  # the prompts
+                    handler.engine.step()
+                began, steps = time.perf_counter(), 0
+                while not handler.engine.idle:
+                    handler.engine.step()
+                    steps += 1
+                seconds[kernel].append((time.perf_counter() - began) / steps)
+        a, b = (statistics.median(seconds[k]) * 1000 for k in kernels)
+        print(f"| {rows} | {context} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+
+
 def sampling(args: argparse.Namespace) -> None:
     """``select_tokens`` over SmolLM2-sized logits (49,152 tokens): greedy rows, rows sampled at temperature 1
     (what an OpenAI request without sampling fields asks for: drawn in vocabulary order) and rows with a top-p,
@@ -388,7 +430,7 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "sampling")
+    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "attention", "sampling")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

@@ -31,7 +31,10 @@ from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
-from .onednn_linear import check_target, parse_kernel, prepack_linears
+from .cpu_kernels import OPTIONS as CPU_KERNEL_KEYS
+from .cpu_kernels import check_target, parse_kernels
+from .decode_attention import build_kernel, decode_reader
+from .onednn_linear import prepack_linears
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
@@ -153,7 +156,7 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS | SPECULATIVE_KEYS | {"quantize", "gguf_file", "cpu_linear_kernel"}
+    option_keys = POOL_KEYS | SPECULATIVE_KEYS | set(CPU_KERNEL_KEYS) | {"quantize", "gguf_file"}
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -170,8 +173,10 @@ class HFBackend:
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
         quantize = parse_method(config.properties.get("quantize"))
-        kernel = parse_kernel(config.properties)
-        check_target(kernel, device, config.dtype)
+        kernels = parse_kernels(config.properties)
+        check_target(kernels, device, config.dtype)
+        # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
+        self.decode_kernel = build_kernel(torch) if kernels.attention == "compiled" else None
         speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -186,7 +191,7 @@ class HFBackend:
         if not multi_gpu:
             model.to(device)
         self.quantized = self._quantize(model, quantize)
-        if kernel == "onednn":
+        if kernels.linear == "onednn":
             logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))
         elif split_output_projection(torch, model):
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
@@ -201,6 +206,9 @@ class HFBackend:
         self.cache_keyword = cache_keyword(model)
         self.pool = self._plan_pool(config, dtype)
         self.runner = self._choose_runner()
+        if self.decode_kernel is not None and getattr(self.runner, "decode_kernel", None) is None:
+            logger.warning("option.cpu_attention_kernel=compiled has no effect: it serves the packed step, which needs "
+                           "transformers >= 4.48 and a Llama-family model; attention runs on torch's operators")
         self.speculator = self._speculate(config, speculative)
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
@@ -357,6 +365,7 @@ class PagedRunner:
         self.backend = backend
         self.torch = backend.torch
         self.packed = attention == PACKED_ATTENTION
+        self.decode_kernel = backend.decode_kernel if self.packed else None
         self.blocks = BlockManager(plan)
         self.block_size = plan.block_size
         self.cache = make_paged_cache(self.torch, plan.tokens)
@@ -474,18 +483,23 @@ class PagedRunner:
         read = (table[:, :, None] * self.block_size + self.block_offsets).view(len(table), -1)[:, :view]
         return read if hidden is None else read.masked_fill_(hidden, self.cache.scratch)
 
-    def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
-        """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
-        size, torch = self.block_size, self.torch
+    def _decode_rows(self, chunks: Sequence[Chunk]) -> tuple[Any, int]:
+        """One-token chunks as ``[rows, 3 + blocks]``: each row's token, position, write slot (that of its position)
+        and block table; and the positions the widest row reads."""
+        size = self.block_size
         meta = []
         for c in chunks:
             block = self.blocks.table(c.seq)[c.start // size]
             meta.append((c.tokens[0], min(c.start, self.max_position), block * size + c.start % size))
         view = max(c.end for c in chunks)
-        rows = self._tables(chunks, view, meta)  # [rows, 3 + blocks]: token, position, write slot, block table
+        return self._tables(chunks, view, meta), view
+
+    def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
+        """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
+        rows, view = self._decode_rows(chunks)
         positions = rows[:, 1:2]
         hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
-        mask = torch.where(hidden, self.ignore, self.attend)[:, None, None]
+        mask = self.torch.where(hidden, self.ignore, self.attend)[:, None, None]
         return rows[:, :1], positions, rows[:, 2], self._read_slots(rows[:, 3:], view, hidden), mask
 
     def _packed_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
@@ -494,12 +508,20 @@ class PagedRunner:
         torch = self.torch
         rows = sum(1 for c in chunks if len(c.tokens) == 1)
         ids, positions, write, keep, pieces = [], [], [], list(range(rows)), []
-        if rows:
-            token, position, slot, read, mask = self._decode_inputs(chunks[:rows])
+        decode_read = decode_mask = decode_attend = None
+        if rows and self.decode_kernel is not None:
+            table, _ = self._decode_rows(chunks[:rows])
+            ids.append(table[:, 0])
+            positions.append(table[:, 1])
+            write.append(table[:, 2])
+            # A row reads its positions up to its own: as many as its position plus one.
+            decode_attend = decode_reader(self.decode_kernel, table[:, 3:], table[:, 1] + 1, self.block_size)
+        elif rows:
+            token, position, slot, decode_read, mask = self._decode_inputs(chunks[:rows])
             ids.append(token.flatten())
             positions.append(position.flatten())
             write.append(slot)
-            decode = (read, mask[:, 0])
+            decode_mask = mask[:, 0]
         offset = rows
         for chunk in chunks[rows:]:
             read = self._read_slots(self._tables([chunk], chunk.end), chunk.end)[0]
@@ -513,7 +535,7 @@ class PagedRunner:
         if rows < len(chunks):
             ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
-        packed = Packed(rows, *(decode if rows else (None, None)), tuple(pieces))
+        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend)
         return cat(ids)[None], cat(positions)[None], cat(write), self._ints(keep), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:

@@ -14,24 +14,12 @@ the load checks read them). torch is passed in by the backend; nothing here runs
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any
 
-from ..config import ConfigError, parse_choice
+from ..config import ConfigError
+from .cpu_kernels import not_float32_on_cpu
 
-KERNELS = ("stock", "onednn")
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
-
-
-def parse_kernel(props: Mapping[str, Any]) -> str:
-    """``option.cpu_linear_kernel``: ``stock`` (torch's own product, the default) or ``onednn``."""
-    return parse_choice(props, "cpu_linear_kernel", "stock", KERNELS)
-
-
-def check_target(kernel: str, device: str, dtype: str) -> None:
-    """Refuse ``onednn`` before anything loads where the options put the model elsewhere than float32 on the
-    CPU: ``device`` resolved (cpu or cuda), ``dtype`` as ``option.dtype`` says it (auto is float32 on the CPU)."""
-    if kernel == "onednn" and (device != "cpu" or dtype not in ("auto", "fp32")):
-        raise _not_float32_on_cpu(f"option.dtype={dtype} on {device}")
 
 
 def prepack_linears(torch: Any, model: Any) -> int:
@@ -40,17 +28,13 @@ def prepack_linears(torch: Any, model: Any) -> int:
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
     weights = {(w.device.type, w.dtype) for w in (m.weight for m in layers)}
     if weights - {("cpu", torch.float32)}:
-        raise _not_float32_on_cpu(", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
+        raise not_float32_on_cpu("cpu_linear_kernel", "onednn",
+                                 ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
     if not torch.backends.mkldnn.is_available():
         raise ConfigError("cpu_linear_kernel", "onednn", "this torch build has no oneDNN (mkldnn): use stock")
     for layer in layers:
         layer.forward = _prepacked_forward(torch, layer)
     return len(layers)
-
-
-def _not_float32_on_cpu(found: str) -> ConfigError:
-    return ConfigError("cpu_linear_kernel", "onednn", f"oneDNN runs float32 linear layers on the CPU, not {found}: "
-                       "remove the option, or load float32 on the CPU (option.dtype=fp32, option.device=cpu)")
 
 
 def _prepacked_forward(torch: Any, layer: Any) -> Any:

@@ -7,7 +7,9 @@ hands this attention the whole pool; ``Packed`` says which pool slots each chunk
 
 - the one-token chunks, which lead the row, attend together: a KV group's query heads are folded into
   the query dimension and two batched matmuls run against the slots as stored, which is cheaper than
-  repeating each KV head for its query heads (transformers' SDPA path) for one query token;
+  repeating each KV head for its query heads (transformers' SDPA path) for one query token; or, with
+  ``option.cpu_attention_kernel=compiled``, one call of the kernel that reads the pool in place
+  (``decode_attention.py``);
 - each longer chunk attends to its own slots with transformers' SDPA function under a causal mask.
 
 torch and transformers are imported when the attention is first registered.
@@ -33,19 +35,21 @@ DECODE_GATHER_BYTES = 4 << 20
 class Packed:
     """Where each chunk of a packed row reads. ``decode``: how many one-token chunks lead the row;
     ``decode_read`` ``[decode, view]`` their slots in position order and ``decode_mask`` ``[decode, 1, view]``
-    (0 or the dtype's minimum) what each may see; ``chunks``: per longer chunk, its (offset in the row,
-    length, slots ``[view]``, causal mask ``[1, 1, length, view]``)."""
+    (0 or the dtype's minimum) what each may see, or instead ``decode_attend`` (``decode_attention.decode_reader``),
+    which reads the pool itself; ``chunks``: per longer chunk, its (offset in the row, length, slots ``[view]``,
+    causal mask ``[1, 1, length, view]``)."""
 
     decode: int
     decode_read: Any
     decode_mask: Any
     chunks: tuple[tuple[int, int, Any, Any], ...]
+    decode_attend: Any = None
 
 
 def decode_groups(packed: Packed, pool: Any) -> list[tuple[int, int]]:
     """The decode rows as (first, last) groups of equal size whose gathered keys and values take at most about
-    ``DECODE_GATHER_BYTES`` on the CPU; one group elsewhere."""
-    if not packed.decode:
+    ``DECODE_GATHER_BYTES`` on the CPU; one group elsewhere; none where ``decode_attend`` reads them."""
+    if not packed.decode or packed.decode_attend is not None:
         return []
     per_row = packed.decode_read.shape[1] * pool.shape[0] * pool.shape[2] * pool.element_size() * 2
     count = -(-packed.decode * per_row // DECODE_GATHER_BYTES) if pool.device.type == "cpu" else 1
@@ -83,6 +87,9 @@ def packed_attention(model: Any) -> str | None:
         _, heads, _, head_dim = query.shape
         groups = key.shape[0]
         parts = []
+        if lmi_packed.decode_attend is not None and lmi_packed.decode:
+            rows = query[0, :, :lmi_packed.decode].transpose(0, 1)  # [rows, heads, head_dim]
+            parts.append(lmi_packed.decode_attend(rows, key, value, scaling or head_dim ** -0.5))
         for first, last in decode_groups(lmi_packed, key):
             rows, slots = last - first, lmi_packed.decode_read[first:last].flatten()
             grouped = query[0, :, first:last].view(groups, heads // groups, rows, head_dim).transpose(1, 2)

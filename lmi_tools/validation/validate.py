@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from lmi_handlers.backends.neuronx_options import CompileSettings
-from lmi_handlers.backends.onednn_linear import check_target, parse_kernel
+from lmi_handlers.backends.cpu_kernels import check_target, parse_kernels
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup
@@ -156,7 +156,7 @@ def resolve_settings(target: Target) -> None:
     try:
         target.int8 = hf_quantize(target.props) is not None
         device = config.device if config.device != "auto" else "cuda"  # the hf backend on a GPU instance
-        check_target(parse_kernel(target.props), device, config.dtype)
+        check_target(parse_kernels(target.props), device, config.dtype)
         hf_speculation(target.props, config.model_id)
     except ConfigError as exc:
         target.refusal = exc

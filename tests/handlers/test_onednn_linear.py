@@ -48,21 +48,3 @@ def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tin
     half = load_model(tiny_model_dir).to(torch.bfloat16)
     with pytest.raises(ConfigError, match="cpu_linear_kernel.*onednn.*float32.*bfloat16"):
         prepack_linears(torch, half)
-
-
-@pytest.mark.parametrize("options, words", [
-    ({"cpu_linear_kernel": "mkl"}, ("cpu_linear_kernel", "mkl", "stock, onednn")),
-    ({"cpu_linear_kernel": "onednn", "dtype": "bf16"}, ("cpu_linear_kernel", "onednn", "float32"))])
-def test_the_init_call_refuses_what_cannot_run_with_the_option_and_the_value(tiny_model_dir, tmp_path, options, words,
-                                                                            monkeypatch):
-    import transformers
-
-    from lmi_handlers.handler import Handler
-    from lmi_tools.serving.worker.frontend import init_input
-
-    # refused before the weights load: a big model's load would be minutes spent for nothing
-    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
-    out = Handler().handle(init_input({"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **options}))
-    assert out is not None and out.code >= 400
-    body = bytes(out.content.value_at(0)).decode()
-    assert all(word in body for word in words), body

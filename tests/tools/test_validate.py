@@ -353,19 +353,21 @@ def test_an_unknown_cpu_linear_kernel_is_an_error_naming_what_is_allowed(tmp_pat
     assert "option.cpu_linear_kernel='mkl' is invalid" in error.message and "stock, onednn" in error.message
 
 
+@pytest.mark.parametrize("kernel", [("cpu_linear_kernel", "onednn"), ("cpu_attention_kernel", "compiled")])
 @pytest.mark.parametrize("options, refused", [({}, True), ({"option.dtype": "fp32"}, True),
                                               ({"option.device": "cpu", "option.dtype": "fp16"}, True),
                                               ({"option.device": "cpu"}, False),
                                               ({"option.device": "cpu", "option.dtype": "fp32"}, False)])
-def test_onednn_linear_layers_off_the_cpu_or_float32_are_an_error_before_deploying(tmp_path, options, refused):
+def test_cpu_kernels_off_the_cpu_or_float32_are_an_error_before_deploying(tmp_path, kernel, options, refused):
     # the handler would refuse them at its init call, after the endpoint was created and the model copied
-    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf",
-             "option.cpu_linear_kernel": "onednn", **options}
+    key, value = kernel
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf", f"option.{key}": value,
+             **options}
     report = validate_model_dir(make_dir(tmp_path, props, "g5.xlarge", LLAMA_2_13B))
-    errors = [f for f in report.errors if "cpu_linear_kernel" in f.message]
+    errors = [f for f in report.errors if key in f.message]
     assert bool(errors) == refused, report.errors
     if refused:
-        assert "option.cpu_linear_kernel='onednn' is invalid" in errors[0].message and "float32" in errors[0].message
+        assert f"option.{key}='{value}' is invalid" in errors[0].message and "float32" in errors[0].message
 
 
 # The original inf2 example: a model.py with its own handle() that reads option.dtype=f16 (amp style) itself.
