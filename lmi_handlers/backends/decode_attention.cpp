@@ -63,6 +63,14 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
   float* o = out.data_ptr<float>();
   const int64_t q_row = query.stride(0), q_head = query.stride(1), t_row = tables.stride(0), l_row = lengths.stride(0);
   const float factor = static_cast<float>(scale);
+  // Every slot a row reads must lie in the pool: a bad table would read foreign memory, not fail.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = length[r * l_row];
+    TORCH_CHECK(n >= 1 && n <= tables.size(1) * block_size, "row ", r, " reads ", n, " positions");
+    for (int64_t b = 0; b * block_size < n; ++b)
+      TORCH_CHECK(table[r * t_row + b] >= 0 && (table[r * t_row + b] + 1) * block_size <= slots, "row ", r,
+                  " block ", table[r * t_row + b], " lies outside the pool");
+  }
   at::parallel_for(0, rows * groups, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;   // [per, n]: a query head's scores, then its weights
     std::vector<int64_t> where;  // [n]: where each position's key and value start in the layer's pool

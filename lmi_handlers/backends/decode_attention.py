@@ -3,9 +3,10 @@
 With torch's operators (``packed_attention.py``) a step gathers a copy of every decode row's keys and values out
 of the pool, then runs two batched products per row and KV head, a dozen operator calls per layer. The kernel in
 ``decode_attention.cpp`` reads each key and value once from its slot and does the scores, the softmax (torch's
-own vectorized exp) and the weighted sum in one call: on this project's AMD EPYC, one thread, 2-9x faster for
-the tiny model's layers and 2x for SmolLM2's at 16 rows (``benchmarks/engine.py attention``). The sums run in
-another order, so logits move in the seventh digit; greedy output equals ``model.generate`` (tests).
+own vectorized exp) and the weighted sum in one call: on this project's AMD EPYC, one thread, in isolation 2-9x
+faster for the tiny model's layers and 2.3x for SmolLM2's at 16 rows; whole SmolLM2 decode steps 7-23% faster
+(``benchmarks/engine.py attention``). The sums run in another order, so outputs differ from torch's by about 1e-7;
+greedy output equals ``model.generate`` (tests).
 
 It is C++, built at load with the machine's compiler through ``torch.utils.cpp_extension`` (about 20 s once;
 torch keeps the build under ``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``), because torch

@@ -112,3 +112,12 @@ def test_preemption_and_garbage_in_unread_slots_leave_every_answer_exact(tiny_mo
     assert handler.engine.stats()["preemptions"] > 0, "the pool never ran dry: the test does not test preemption"
     assert calls
     assert_exact(generate, seqs)
+
+
+def test_a_table_or_length_outside_the_pool_is_an_error_not_a_foreign_read(kernel):
+    keys = torch.zeros(2, 8 * 4, 16)  # 8 blocks of 4 slots
+    query = torch.zeros(1, 4, 16)
+    for tables, lengths in ((torch.tensor([[8]]), torch.tensor([3])), (torch.tensor([[-1]]), torch.tensor([3])),
+                            (torch.tensor([[0]]), torch.tensor([5])), (torch.tensor([[0]]), torch.tensor([0]))):
+        with pytest.raises(RuntimeError, match="outside the pool|reads"):
+            kernel(query, keys, keys, tables, lengths, 4, 0.25)
