@@ -87,7 +87,7 @@ def packed_attention(model: Any) -> str | None:
         _, heads, _, head_dim = query.shape
         groups = key.shape[0]
         parts = []
-        if lmi_packed.decode_attend is not None and lmi_packed.decode:
+        if lmi_packed.decode_attend is not None:  # set only where decode rows lead the row
             rows = query[0, :, :lmi_packed.decode].transpose(0, 1)  # [rows, heads, head_dim]
             parts.append(lmi_packed.decode_attend(rows, key, value, scaling or head_dim ** -0.5))
         for first, last in decode_groups(lmi_packed, key):

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from .test_hf_backend import loaded
-from .test_paged_engine import assert_exact, prompts, run
+from .test_paged_engine import assert_exact, poison_pool, prompts, run
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built")
@@ -104,10 +104,7 @@ def test_preemption_and_garbage_in_unread_slots_leave_every_answer_exact(tiny_mo
     calls = compiled(handler, monkeypatch)
     rng = random.Random(12)
     run(handler, {0: [(p, 3) for p in prompts(rng, 2, 5, 9)]})  # builds the pool
-    cache = handler.backend.runner.cache
-    with torch.inference_mode():
-        for pool in cache.keys + cache.values:
-            pool[:, :cache.scratch].fill_(float("nan"))
+    poison_pool(handler)
     seqs = run(handler, {0: [(p, 20) for p in prompts(rng, 4, 3, 14)], 3: [(p, 24) for p in prompts(rng, 3, 5, 20)]})
     assert handler.engine.stats()["preemptions"] > 0, "the pool never ran dry: the test does not test preemption"
     assert calls

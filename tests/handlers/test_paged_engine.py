@@ -40,6 +40,14 @@ def prompts(rng, count, low, high, vocab=300):
     return [[rng.randrange(3, vocab) for _ in range(rng.randint(low, high))] for _ in range(count)]
 
 
+def poison_pool(handler):
+    """NaN in every slot of the paged pool but the scratch slot (the pool exists once a request has run)."""
+    cache = handler.backend.runner.cache
+    with torch.inference_mode():
+        for pool in cache.keys + cache.values:
+            pool[:, :cache.scratch].fill_(float("nan"))
+
+
 def assert_exact(generate, seqs):
     for seq in seqs:
         assert seq.generated == expected_ids(generate, seq.prompt_ids, seq.max_new_tokens), seq
@@ -210,10 +218,7 @@ def test_garbage_in_unwritten_slots_never_reaches_an_answer(model_dir, tmp_path,
                      max_rolling_batch_prefill_tokens=16)
     rng = random.Random(6)
     run(handler, {0: [(p, 3) for p in prompts(rng, 2, 5, 9)]})  # builds the pool
-    cache = handler.backend.runner.cache
-    with torch.inference_mode():
-        for pool in cache.keys + cache.values:
-            pool[:, :cache.scratch].fill_(float("nan"))
+    poison_pool(handler)
     seqs = run(handler, {0: [(p, 12) for p in prompts(rng, 3, 3, 11)], 2: [(p, 9) for p in prompts(rng, 2, 20, 30)]})
     assert_exact(generate, seqs)
 
