@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 
 import pytest
 
@@ -156,13 +157,18 @@ def test_sampling_with_a_seed_is_reproducible(handler):
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
-def test_with_onednn_linear_layers_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path):
+@pytest.mark.parametrize("attention", ["torch", "compiled"])
+def test_with_onednn_linear_layers_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path,
+                                                                                           attention):
     from lmi_handlers.backends.onednn_linear import prepack_linears
 
+    if attention == "compiled" and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the attention kernel cannot be built")
     onednn = Handler()
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path), "rolling_batch": "scheduler",
-             "max_rolling_batch_size": "8", "cpu_linear_kernel": "onednn"}
+             "max_rolling_batch_size": "8", "cpu_linear_kernel": "onednn", "cpu_attention_kernel": attention}
     assert onednn.handle(init_input(props)) is None
+    assert (onednn.backend.runner.decode_kernel is not None) == (attention == "compiled")  # it passed the load check
     tokenizer, model = transformers.AutoTokenizer.from_pretrained(smollm2_dir), \
         transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
     prepack_linears(torch, model)
