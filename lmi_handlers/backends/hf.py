@@ -459,9 +459,8 @@ class PagedRunner:
         return logits
 
     def _ints(self, values: list[int]) -> Any:
-        # Through array: torch.tensor converts a Python list element by element, 5-7x slower at 32 rows.
-        if not values:  # frombuffer refuses an empty buffer
-            return self.torch.empty(0, dtype=self.torch.int64, device=self.backend.device)
+        # Through array: torch.tensor converts a Python list element by element, 5-7x slower at 32 rows. (Every
+        # caller has at least one value: frombuffer refuses an empty buffer.)
         ints = self.torch.frombuffer(array("q", values), dtype=self.torch.int64)
         return ints if self.backend.device.type == "cpu" else ints.to(self.backend.device)
 
@@ -494,13 +493,18 @@ class PagedRunner:
         view = max(c.end for c in chunks)
         return self._tables(chunks, view, meta), view
 
+    def _decode_reads(self, rows: Any, view: int) -> tuple[Any, Any]:
+        """What each row of ``_decode_rows`` reads up to its own position: slots ``[rows, view]`` and mask
+        ``[rows, 1, view]``."""
+        hidden = self.key_positions[:view] > rows[:, 1:2]  # [rows, view]: past the row's own token
+        mask = self.torch.where(hidden, self.ignore, self.attend)[:, None]
+        return self._read_slots(rows[:, 3:], view, hidden), mask
+
     def _decode_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
         """Model inputs when every chunk is one token: a row writes the slot of its position and reads up to it."""
         rows, view = self._decode_rows(chunks)
-        positions = rows[:, 1:2]
-        hidden = self.key_positions[:view] > positions  # [rows, view]: past the row's own token
-        mask = self.torch.where(hidden, self.ignore, self.attend)[:, None, None]
-        return rows[:, :1], positions, rows[:, 2], self._read_slots(rows[:, 3:], view, hidden), mask
+        read, mask = self._decode_reads(rows, view)
+        return rows[:, :1], rows[:, 1:2], rows[:, 2], read, mask[:, None]
 
     def _packed_inputs(self, chunks: Sequence[Chunk]) -> tuple[Any, ...]:
         """Model inputs for one packed row: ids and positions ``[1, tokens]``, write slots ``[tokens]``, the row
@@ -509,19 +513,15 @@ class PagedRunner:
         rows = sum(1 for c in chunks if len(c.tokens) == 1)
         ids, positions, write, keep, pieces = [], [], [], list(range(rows)), []
         decode_read = decode_mask = decode_attend = None
-        if rows and self.decode_kernel is not None:
-            table, _ = self._decode_rows(chunks[:rows])
+        if rows:
+            table, view = self._decode_rows(chunks[:rows])
             ids.append(table[:, 0])
             positions.append(table[:, 1])
             write.append(table[:, 2])
-            # A row reads its positions up to its own: as many as its position plus one.
-            decode_attend = decode_reader(self.decode_kernel, table[:, 3:], table[:, 1] + 1, self.block_size)
-        elif rows:
-            token, position, slot, decode_read, mask = self._decode_inputs(chunks[:rows])
-            ids.append(token.flatten())
-            positions.append(position.flatten())
-            write.append(slot)
-            decode_mask = mask[:, 0]
+            if self.decode_kernel is None:
+                decode_read, decode_mask = self._decode_reads(table, view)
+            else:  # a row reads its positions up to its own: as many as its position plus one
+                decode_attend = decode_reader(self.decode_kernel, table[:, 3:], table[:, 1] + 1, self.block_size)
         offset = rows
         for chunk in chunks[rows:]:
             read = self._read_slots(self._tables([chunk], chunk.end), chunk.end)[0]

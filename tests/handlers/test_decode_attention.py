@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from .test_hf_backend import loaded
-from .test_paged_engine import assert_exact, poison_pool, prompts, run
+from .test_paged_engine import assert_exact, generate, poison_pool, prompts, run  # noqa: F401 - generate: a fixture
 
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built")
@@ -60,13 +60,6 @@ def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, he
     assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
 
 
-@pytest.fixture(scope="module")
-def generate(tiny_model_dir):
-    import transformers
-
-    return None, transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
-
-
 def compiled(handler, monkeypatch):
     """Counts the kernel's calls; skips where the packed step, which the kernel serves, cannot run."""
     import transformers
@@ -84,7 +77,7 @@ def compiled(handler, monkeypatch):
 
 
 def test_greedy_output_equals_generate_alone_and_beside_chunked_prompts(tiny_model_dir, tmp_path, generate,
-                                                                       monkeypatch, kernel):
+                                                                       monkeypatch):
     handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", cpu_attention_kernel="compiled",
                      enable_chunked_prefill="true", max_rolling_batch_prefill_tokens=24, block_size=4)
     calls = compiled(handler, monkeypatch)
@@ -97,7 +90,7 @@ def test_greedy_output_equals_generate_alone_and_beside_chunked_prompts(tiny_mod
 
 
 def test_preemption_and_garbage_in_unread_slots_leave_every_answer_exact(tiny_model_dir, tmp_path, generate,
-                                                                         monkeypatch, kernel):
+                                                                         monkeypatch):
     # 12 blocks of 4 tokens: requests wait and the youngest is preempted; reused blocks keep their old content.
     handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", cpu_attention_kernel="compiled",
                      max_rolling_batch_size=8, block_size=4, num_gpu_blocks_override=12, max_model_len=48)
