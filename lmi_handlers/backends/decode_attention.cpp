@@ -3,42 +3,108 @@
 // One task per (row, KV head): the row's query heads of that group score every position the row may read,
 // softmax, then sum the values, each key and value read once from its pool slot. torch's operators need a
 // gathered copy of the rows' keys and values first and a batched product per row and head.
+//
+// The query heads of a group are handled together, up to MAX_HEADS at a time, with their sums held in vector
+// registers: each key or value loaded is used by every head of the group before the next one is read.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kVec = Vec::size();
+constexpr int MAX_HEADS = 8;
 
-float dot(const float* a, const float* b, int64_t n) {
-  Vec sum(0.0f);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size()) sum = at::vec::fmadd(Vec::loadu(a + i), Vec::loadu(b + i), sum);
-  if (i < n) sum = at::vec::fmadd(Vec::loadu(a + i, n - i), Vec::loadu(b + i, n - i), sum);
-  return at::vec::vec_reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, sum);
+// Keys and values sit in blocks scattered over the pool, where the hardware's prefetcher loses the stream at each
+// block's end: the scores ask for a position's key and value lines AHEAD positions before they are read (the
+// values are read after the softmax, from the cache). 16 ran 2.8x faster than none at 64 rows of 200 positions on
+// SmolLM2's shapes; 2 and 4 were slower than none.
+constexpr int64_t AHEAD = 16;
+void prefetch(const float* key, const float* value, int64_t dim) {
+  for (int64_t i = 0; i < dim; i += 64 / sizeof(float)) {
+    __builtin_prefetch(key + i);
+    __builtin_prefetch(value + i);
+  }
 }
 
-// out[0:n] += weight * x[0:n]
-void add_scaled(float* out, float weight, const float* x, int64_t n) {
-  const Vec w(weight);
-  int64_t i = 0;
-  for (; i + Vec::size() <= n; i += Vec::size())
-    at::vec::fmadd(w, Vec::loadu(x + i), Vec::loadu(out + i)).store(out + i);
-  if (i < n) at::vec::fmadd(w, Vec::loadu(x + i, n - i), Vec::loadu(out + i, n - i)).store(out + i, n - i);
+float sum_lanes(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, x);
 }
 
-// s[0:n] = softmax(s[0:n]), with torch's accurate exp (Sleef's, within one ulp) where the CPU has vectors.
+// scores[p * n + j] = factor * (query head p) . (key j), for HEADS heads at once.
+template <int HEADS>
+void score(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n, int64_t dim,
+           float factor, float* scores) {
+  const int64_t full = dim / kVec * kVec, tail = dim - full;
+  for (int64_t j = 0; j < n; ++j) {
+    const float* k = keys + where[j];
+    if (j + AHEAD < n) prefetch(keys + where[j + AHEAD], values + where[j + AHEAD], dim);
+    Vec acc[HEADS];
+    for (int p = 0; p < HEADS; ++p) acc[p] = Vec(0.0f);
+    for (int64_t i = 0; i < full; i += kVec) {
+      const Vec kv = Vec::loadu(k + i);
+      for (int p = 0; p < HEADS; ++p) acc[p] = at::vec::fmadd(Vec::loadu(q + p * q_head + i), kv, acc[p]);
+    }
+    if (tail) {
+      const Vec kv = Vec::loadu(k + full, tail);
+      for (int p = 0; p < HEADS; ++p) acc[p] = at::vec::fmadd(Vec::loadu(q + p * q_head + full, tail), kv, acc[p]);
+    }
+    for (int p = 0; p < HEADS; ++p) scores[p * n + j] = sum_lanes(acc[p]) * factor;
+  }
+}
+
+// out[p * dim + i] = sum_j weights[p * n + j] * value_j[i] for the WIDTH vectors of dimensions from `from`.
+template <int HEADS, int WIDTH>
+void weigh(const float* weights, const float* values, const int64_t* where, int64_t n, int64_t from, int64_t dim,
+           float* out) {
+  int64_t count[WIDTH];
+  for (int c = 0; c < WIDTH; ++c) count[c] = std::min(kVec, dim - from - c * kVec);
+  Vec acc[HEADS][WIDTH];
+  for (int p = 0; p < HEADS; ++p)
+    for (int c = 0; c < WIDTH; ++c) acc[p][c] = Vec(0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* v = values + where[j] + from;
+    Vec vv[WIDTH];
+    for (int c = 0; c < WIDTH; ++c) vv[c] = count[c] == kVec ? Vec::loadu(v + c * kVec) : Vec::loadu(v + c * kVec, count[c]);
+    for (int p = 0; p < HEADS; ++p) {
+      const Vec w(weights[p * n + j]);
+      for (int c = 0; c < WIDTH; ++c) acc[p][c] = at::vec::fmadd(w, vv[c], acc[p][c]);
+    }
+  }
+  for (int p = 0; p < HEADS; ++p)
+    for (int c = 0; c < WIDTH; ++c) acc[p][c].store(out + p * dim + from + c * kVec, count[c]);
+}
+
+// softmax in place over s[0:n], with torch's accurate exp (Sleef's, within one ulp) where the CPU has vectors.
 void softmax(float* s, int64_t n) {
   const float top = at::vec::reduce_all<float>([](Vec& x, Vec& y) { return at::vec::maximum(x, y); }, s, n);
   at::vec::map([top](Vec x) { return (x - Vec(top)).exp(); }, s, s, n);
   const float total = at::vec::reduce_all<float>([](Vec& x, Vec& y) { return x + y; }, s, n);
   at::vec::map([total](Vec x) { return x / Vec(total); }, s, s, n);
 }
+
+// HEADS query heads (of one KV head) attend over n positions; scores is scratch of HEADS * n.
+template <int HEADS>
+void attend(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n,
+            int64_t dim, float factor, float* scores, float* out) {
+  score<HEADS>(q, q_head, keys, values, where, n, dim, factor, scores);
+  for (int p = 0; p < HEADS; ++p) softmax(scores + p * n, n);
+  // Two vectors of dimensions at a time keep 2 * HEADS sums in flight, enough to hide the multiply-add latency.
+  int64_t from = 0;
+  for (; from + kVec < dim; from += 2 * kVec) weigh<HEADS, 2>(scores, values, where, n, from, dim, out);
+  if (from < dim) weigh<HEADS, 1>(scores, values, where, n, from, dim, out);
+}
+
+using Attend = void (*)(const float*, int64_t, const float*, const float*, const int64_t*, int64_t, int64_t, float,
+                        float*, float*);
+constexpr Attend kAttend[MAX_HEADS] = {attend<1>, attend<2>, attend<3>, attend<4>,
+                                       attend<5>, attend<6>, attend<7>, attend<8>};
 
 }  // namespace
 
@@ -54,7 +120,7 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
               "tables and lengths: int64");
   const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2);
   const int64_t groups = keys.size(0), slots = keys.size(1), per = heads / groups;
-  auto out = torch::zeros({rows, heads, dim}, query.options());
+  auto out = torch::empty({rows, heads, dim}, query.options());
   const float* q = query.data_ptr<float>();
   const float* k = keys.data_ptr<float>();
   const float* v = values.data_ptr<float>();
@@ -72,21 +138,19 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
                   " block ", table[r * t_row + b], " lies outside the pool");
   }
   at::parallel_for(0, rows * groups, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores;   // [per, n]: a query head's scores, then its weights
+    std::vector<float> scores;   // [heads at a time, n]: the scores, then the weights
     std::vector<int64_t> where;  // [n]: where each position's key and value start in the layer's pool
     for (int64_t task = begin; task < end; ++task) {
       const int64_t r = task / groups, g = task % groups, n = length[r * l_row];
-      scores.resize(per * n);
+      scores.resize(std::min<int64_t>(per, MAX_HEADS) * n);
       where.resize(n);
       for (int64_t j = 0; j < n; ++j)
         where[j] = (g * slots + table[r * t_row + j / block_size] * block_size + j % block_size) * dim;
-      const float* qg = q + r * q_row + g * per * q_head;
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t p = 0; p < per; ++p) scores[p * n + j] = dot(qg + p * q_head, k + where[j], dim) * factor;
-      for (int64_t p = 0; p < per; ++p) softmax(scores.data() + p * n, n);
-      float* og = o + (r * heads + g * per) * dim;
-      for (int64_t j = 0; j < n; ++j)
-        for (int64_t p = 0; p < per; ++p) add_scaled(og + p * dim, scores[p * n + j], v + where[j], dim);
+      for (int64_t p = 0; p < per; p += MAX_HEADS) {
+        const int64_t head = g * per + p;
+        kAttend[std::min<int64_t>(per - p, MAX_HEADS) - 1](q + r * q_row + head * q_head, q_head, k, v, where.data(),
+                                                           n, dim, factor, scores.data(), o + (r * heads + head) * dim);
+      }
     }
   });
   return out;

@@ -35,9 +35,10 @@ def attention_in_float64(query, keys, values, tables, lengths, block_size, scale
 
 
 @pytest.mark.parametrize("heads, groups, dim, block_size", [(4, 2, 16, 4), (9, 3, 64, 16), (8, 8, 24, 16),
-                                                            (6, 1, 40, 8)])
+                                                            (6, 1, 40, 8), (10, 1, 16, 4)])
 def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, heads, groups, dim, block_size):
-    # dims of 24 and 40 leave a partial vector; lengths end inside, at and just past a block's end.
+    # dims of 24 and 40 leave a partial vector; lengths end inside, at and just past a block's end; 10 query heads
+    # to a KV head are more than the kernel takes at once.
     generator = torch.Generator().manual_seed(heads * dim)
     lengths = torch.tensor([1, block_size, block_size + 1, 3 * block_size - 1, 37])
     width = -(-int(lengths.max()) // block_size) + 1  # one column of padding, as a step's tables have
