@@ -6,8 +6,8 @@
     .venv/bin/python benchmarks/engine.py chunked    # running streams' inter-token latency while long prompts arrive
     .venv/bin/python benchmarks/engine.py projection # decode step with the output projection in vocabulary slices
     .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
-    .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers vs oneDNN prepacked
-    .venv/bin/python benchmarks/engine.py attention  # SmolLM2 decode step: torch's attention vs the compiled kernel
+    .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers, oneDNN, compiled
+    .venv/bin/python benchmarks/engine.py kernels    # SmolLM2 engine steps under each choice of CPU kernels
     .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
     .venv/bin/python benchmarks/engine.py all
 
@@ -306,55 +306,64 @@ def packed(args: argparse.Namespace) -> None:
 
 
 def linear(args: argparse.Namespace) -> None:
-    """SmolLM2's own decode step (forward with its DynamicCache, argmax) with torch's stock linear layers and with
-    them through oneDNN with prepacked weights (``option.cpu_linear_kernel=onednn``), interleaved in one process;
-    how often the two choose the same token and how far their logits are apart."""
+    """SmolLM2's own decode step (forward with its DynamicCache, argmax) with torch's stock linear layers, with them
+    through oneDNN with prepacked weights and through the compiled kernel (``option.cpu_linear_kernel``),
+    interleaved in one process; how often each chooses the stock model's token and how far its logits are."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
+    from lmi_handlers.backends.compiled_linear import build_kernel, compile_linears
     from lmi_handlers.backends.onednn_linear import prepack_linears
     from lmi_tools.models.smollm2 import convert_smollm2
 
     path = convert_smollm2(say=lambda line: None)
-    models = {"stock": AutoModelForCausalLM.from_pretrained(path).eval(),
-              "onednn": AutoModelForCausalLM.from_pretrained(path).eval()}
+    models = {k: AutoModelForCausalLM.from_pretrained(path).eval() for k in ("stock", "onednn", "compiled")}
     prepack_linears(torch, models["onednn"])
+    compile_linears(torch, build_kernel(torch), models["compiled"])
     print(f"\nSmolLM2-135M-Instruct decode step after 40-token prompts, ms (median of {args.trials} interleaved runs "
-          "of 8 steps), stock / oneDNN prepacked")
-    print("| rows | stock | oneDNN | speed-up | same greedy token | largest logit difference |\n"
-          "|---|---|---|---|---|---|")
+          "of 8 steps), linear layers stock / oneDNN prepacked / compiled kernel")
+    print("| rows | stock | oneDNN | compiled | compiled vs oneDNN | same greedy token as stock (oneDNN, compiled) "
+          "| largest logit difference (oneDNN, compiled) |\n|---|---|---|---|---|---|---|")
     for rows in (1, 16, 64):
         prompt = torch.randint(3, 49_000, (rows, 40), generator=torch.Generator().manual_seed(rows))
-        seconds: dict[str, list[float]] = {"stock": [], "onednn": []}
+        seconds: dict[str, list[float]] = {k: [] for k in models}
         logits = {}
         for _ in range(args.trials):
             for label, model in models.items():
                 spent, logits[label] = greedy_steps(model, DynamicCache(), prompt, steps=8)
                 seconds[label].append(spent)
-        a, b = (statistics.median(seconds[k]) * 1000 for k in ("stock", "onednn"))
-        same = (logits["stock"].argmax(-1) == logits["onednn"].argmax(-1)).float().mean()
-        print(f"| {rows} | {a:.1f} | {b:.1f} | {a / b:.2f}x | {same:.1%} | "
-              f"{(logits['stock'] - logits['onednn']).abs().max():.1e} |")
+        stock, onednn, compiled = (statistics.median(seconds[k]) * 1000 for k in models)
+        same = [f"{(logits['stock'].argmax(-1) == logits[k].argmax(-1)).float().mean():.1%}" for k in models
+                if k != "stock"]
+        apart = [f"{(logits['stock'] - logits[k]).abs().max():.1e}" for k in models if k != "stock"]
+        print(f"| {rows} | {stock:.1f} | {onednn:.1f} | {compiled:.1f} | {onednn / compiled:.2f}x | {', '.join(same)} "
+              f"| {', '.join(apart)} |")
 
 
-def attention(args: argparse.Namespace) -> None:
-    """SmolLM2 engine decode steps with the decode rows' attention on torch's operators (gather, two batched
-    products) and on the compiled kernel that reads the paged pool in place (``option.cpu_attention_kernel``),
-    linear layers through oneDNN in both, interleaved in one process."""
+# (option.cpu_linear_kernel, option.cpu_attention_kernel): each compiled kernel added in turn
+KERNELS = (("onednn", "torch"), ("onednn", "compiled"), ("compiled", "compiled"))
+
+
+def kernels(args: argparse.Namespace) -> None:
+    """SmolLM2 engine decode steps under each choice of CPU kernels (``KERNELS``): the decode rows' attention on
+    torch's operators (gather, two batched products) or the compiled kernel that reads the paged pool in place
+    (``option.cpu_attention_kernel``), linear layers through oneDNN or the compiled kernel
+    (``option.cpu_linear_kernel``), interleaved in one process."""
     from lmi_tools.models.smollm2 import convert_smollm2
 
     path = convert_smollm2(say=lambda line: None)
-    kernels = ("torch", "compiled")
-    handlers = {k: load(path, max_rolling_batch_size=64, cpu_linear_kernel="onednn", cpu_attention_kernel=k)
-                for k in kernels}
+    handlers = {pair: load(path, max_rolling_batch_size=64, cpu_linear_kernel=pair[0], cpu_attention_kernel=pair[1])
+                for pair in KERNELS}
     rng = torch.Generator().manual_seed(4)
     print(f"\nSmolLM2-135M-Instruct, ms per engine decode step (20 steps after the prompts, median of {args.trials} "
-          "interleaved runs), decode attention on torch's operators / compiled kernel")
-    print("| rows | context | torch operators | compiled kernel | speed-up |\n|---|---|---|---|---|")
+          "interleaved runs), by linear layers + decode attention kernel; speed-up against the first")
+    print("| rows | context | " + " | ".join(f"{linear} + {attention}" for linear, attention in KERNELS) + " | "
+          + " | ".join(f"{linear} + {attention}" for linear, attention in KERNELS[1:]) + " |\n"
+          + "|---" * (2 * len(KERNELS) + 1) + "|")
     for rows, context in ((1, 200), (16, 200), (64, 200), (64, 600)):
         prompts = [ids(rng, context, 49_000) for _ in range(rows)]
-        seconds: dict[str, list[float]] = {k: [] for k in kernels}
+        seconds: dict[tuple[str, str], list[float]] = {pair: [] for pair in KERNELS}
         for _ in range(args.trials):
-            for kernel, handler in handlers.items():
+            for pair, handler in handlers.items():
                 seqs = [sequence(handler, p, 21) for p in prompts]
                 for seq in seqs:
                     handler.engine.add(seq)
@@ -364,9 +373,10 @@ def attention(args: argparse.Namespace) -> None:
                 while not handler.engine.idle:
                     handler.engine.step()
                     steps += 1
-                seconds[kernel].append((time.perf_counter() - began) / steps)
-        a, b = (statistics.median(seconds[k]) * 1000 for k in kernels)
-        print(f"| {rows} | {context} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+                seconds[pair].append((time.perf_counter() - began) / steps)
+        first, *rest = (statistics.median(seconds[pair]) * 1000 for pair in KERNELS)
+        print(f"| {rows} | {context} | {first:.1f} | " + " | ".join(f"{ms:.1f}" for ms in rest) + " | "
+              + " | ".join(f"{first / ms:.2f}x" for ms in rest) + " |")
 
 
 def sampling(args: argparse.Namespace) -> None:
@@ -430,7 +440,7 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "attention", "sampling")
+    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "kernels", "sampling")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

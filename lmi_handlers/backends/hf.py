@@ -33,6 +33,8 @@ from ..sequence import Chunk, SequenceState
 from .base import split_batch
 from .cpu_kernels import OPTIONS as CPU_KERNEL_KEYS
 from .cpu_kernels import check_target, parse_kernels
+from .compiled_linear import build_kernel as build_linear_kernel
+from .compiled_linear import compile_linears
 from .decode_attention import build_kernel, decode_reader
 from .onednn_linear import prepack_linears
 from .output_projection import SLICE, split_output_projection
@@ -177,6 +179,7 @@ class HFBackend:
         check_target(kernels, device, config.dtype)
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
         self.decode_kernel = build_kernel(torch) if kernels.attention == "compiled" else None
+        linear_kernel = build_linear_kernel(torch) if kernels.linear == "compiled" else None
         speculative = parse_options(config.properties)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -193,6 +196,8 @@ class HFBackend:
         self.quantized = self._quantize(model, quantize)
         if kernels.linear == "onednn":
             logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))
+        elif linear_kernel is not None:
+            logger.info("linear layers: %d through the compiled kernel", compile_linears(torch, linear_kernel, model))
         elif split_output_projection(torch, model):
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..config import ConfigError
-from .cpu_kernels import not_float32_on_cpu
+from .cpu_kernels import float32_cpu_linears
 
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
 
@@ -25,11 +25,7 @@ PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row cou
 def prepack_linears(torch: Any, model: Any) -> int:
     """Route every ``nn.Linear`` of ``model`` through oneDNN with its weight prepacked; how many layers.
     Refused (``ConfigError``) where the model is not float32 on the CPU or torch has no oneDNN."""
-    layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    weights = {(w.device.type, w.dtype) for w in (m.weight for m in layers)}
-    if weights - {("cpu", torch.float32)}:
-        raise not_float32_on_cpu("cpu_linear_kernel", "onednn",
-                                 ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
+    layers = float32_cpu_linears(torch, model, "cpu_linear_kernel", "onednn")
     if not torch.backends.mkldnn.is_available():
         raise ConfigError("cpu_linear_kernel", "onednn", "this torch build has no oneDNN (mkldnn): use stock")
     for layer in layers:

@@ -19,8 +19,9 @@ def refusal(tiny_model_dir, tmp_path, monkeypatch, options):
 
 
 @pytest.mark.parametrize("options, words", [
-    ({"cpu_linear_kernel": "mkl"}, ("cpu_linear_kernel", "mkl", "stock, onednn")),
+    ({"cpu_linear_kernel": "mkl"}, ("cpu_linear_kernel", "mkl", "stock, onednn, compiled")),
     ({"cpu_linear_kernel": "onednn", "dtype": "bf16"}, ("cpu_linear_kernel", "onednn", "float32")),
+    ({"cpu_linear_kernel": "compiled", "dtype": "fp16"}, ("cpu_linear_kernel", "compiled", "float32")),
     ({"cpu_attention_kernel": "flash"}, ("cpu_attention_kernel", "flash", "torch, compiled")),
     ({"cpu_attention_kernel": "compiled", "dtype": "fp16"}, ("cpu_attention_kernel", "compiled", "float32"))])
 def test_the_init_call_refuses_what_cannot_run_with_the_option_and_the_value(tiny_model_dir, tmp_path, options, words,
@@ -29,12 +30,13 @@ def test_the_init_call_refuses_what_cannot_run_with_the_option_and_the_value(tin
     assert all(word in body for word in words), body
 
 
-def test_a_kernel_that_cannot_be_built_is_refused_saying_why(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("key", ["cpu_linear_kernel", "cpu_attention_kernel"])
+def test_a_kernel_that_cannot_be_built_is_refused_saying_why(tiny_model_dir, tmp_path, monkeypatch, key):
     import torch.utils.cpp_extension
 
     def no_ninja(*args, **kwargs):
         raise RuntimeError("Ninja is required to load C++ extensions")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_ninja)
-    body = refusal(tiny_model_dir, tmp_path, monkeypatch, {"cpu_attention_kernel": "compiled"})
-    assert all(word in body for word in ("cpu_attention_kernel", "compiled", "Ninja is required", "compiler")), body
+    body = refusal(tiny_model_dir, tmp_path, monkeypatch, {key: "compiled"})
+    assert all(word in body for word in (key, "compiled", "Ninja is required", "compiler")), body

@@ -350,10 +350,11 @@ def test_an_unknown_cpu_linear_kernel_is_an_error_naming_what_is_allowed(tmp_pat
     report = validate_model_dir(make_dir(tmp_path, {**gpu, "option.cpu_linear_kernel": "mkl"}, "g5.xlarge",
                                          LLAMA_2_13B))
     [error] = [f for f in report.errors if f.check == "dtype"]
-    assert "option.cpu_linear_kernel='mkl' is invalid" in error.message and "stock, onednn" in error.message
+    assert "option.cpu_linear_kernel='mkl' is invalid" in error.message and "stock, onednn, compiled" in error.message
 
 
-@pytest.mark.parametrize("kernel", [("cpu_linear_kernel", "onednn"), ("cpu_attention_kernel", "compiled")])
+@pytest.mark.parametrize("kernel", [("cpu_linear_kernel", "onednn"), ("cpu_linear_kernel", "compiled"),
+                                    ("cpu_attention_kernel", "compiled")])
 @pytest.mark.parametrize("options, refused", [({}, True), ({"option.dtype": "fp32"}, True),
                                               ({"option.device": "cpu", "option.dtype": "fp16"}, True),
                                               ({"option.device": "cpu"}, False),

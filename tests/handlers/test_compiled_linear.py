@@ -1,0 +1,69 @@
+"""Linear layers through the compiled kernel (``option.cpu_linear_kernel=compiled``): the kernel against the product
+in float64 on every row block and a padded last panel, greedy output equal to ``model.generate`` on the same
+kernels alone and in a busy batch, and a clear refusal where it cannot run."""
+
+import random
+import shutil
+
+import pytest
+
+from lmi_handlers.config import ConfigError
+
+from .test_hf_backend import loaded
+from .test_paged_engine import assert_exact, prompts, run
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the kernel cannot be built")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    from lmi_handlers.backends.compiled_linear import build_kernel
+
+    return build_kernel(torch)
+
+
+def compiled_model(path, kernel):
+    from lmi_handlers.backends.compiled_linear import compile_linears
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    assert compile_linears(torch, kernel, model) == sum(type(m) is torch.nn.Linear for m in model.modules()) > 0
+    return model
+
+
+# 1-29 rows pass through every row block (12, 8, 4, 2, 1 with AVX-512; 6, 4, 2, 1 otherwise) and their remainders;
+# 20, 17 and 1 outputs leave the last panel part padding; 7 and 33 inputs are no multiple of a vector.
+@pytest.mark.parametrize("out_features, in_features", [(48, 64), (20, 7), (17, 33), (1, 5), (200, 96)])
+def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_features):
+    generator = torch.Generator().manual_seed(out_features)
+    layer = torch.nn.Linear(in_features, out_features)
+    torch.nn.init.normal_(layer.bias, generator=generator)
+    from lmi_handlers.backends.compiled_linear import _compiled_forward
+
+    forward = _compiled_forward(torch, kernel, layer)
+    for rows in [*range(1, 30), 33, 64]:
+        x = torch.randn(rows, in_features, generator=generator)
+        want = x.double() @ layer.weight.double().T + layer.bias.double()
+        scale = x.double().abs() @ layer.weight.double().abs().T + layer.bias.double().abs()
+        got = forward(x.view(rows, 1, in_features)).view(rows, out_features)  # any leading shape, as a model calls it
+        assert torch.all((got.double() - want).abs() <= 1e-6 * scale), (rows, (got.double() - want).abs().max())
+
+
+def test_greedy_output_equals_generate_on_the_compiled_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path,
+                                                                                       kernel):
+    handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_rolling_batch_size=8,
+                     cpu_linear_kernel="compiled")
+    assert "forward" in vars(handler.backend.model.get_output_embeddings())
+    rng = random.Random(4)
+    alone = run(handler, {0: [(prompts(rng, 1, 4, 12)[0], 12)]})
+    busy = run(handler, {0: [(p, 16) for p in prompts(rng, 5, 2, 20)], 2: [(p, 10) for p in prompts(rng, 3, 30, 60)]})
+    assert_exact((None, compiled_model(tiny_model_dir, kernel)), alone + busy)
+
+
+def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tiny_model_dir, kernel):
+    from lmi_handlers.backends.compiled_linear import compile_linears
+
+    half = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval().to(torch.bfloat16)
+    with pytest.raises(ConfigError, match="cpu_linear_kernel.*compiled.*float32.*bfloat16"):
+        compile_linears(torch, kernel, half)
