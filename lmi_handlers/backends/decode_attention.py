@@ -3,10 +3,10 @@
 With torch's operators (``packed_attention.py``) a step gathers a copy of every decode row's keys and values out
 of the pool, then runs two batched products per row and KV head, a dozen operator calls per layer. The kernel in
 ``decode_attention.cpp`` reads each key and value once from its slot and does the scores, the softmax (torch's
-own vectorized exp) and the weighted sum in one call: on this project's AMD EPYC, one thread, in isolation 2-9x
-faster for the tiny model's layers and 2.3x for SmolLM2's at 16 rows; whole SmolLM2 decode steps 7-23% faster
-(``benchmarks/engine.py attention``). The sums run in another order, so outputs differ from torch's by about 1e-7;
-greedy output equals ``model.generate`` (tests).
+own vectorized exp) and the weighted sum in one call, a group's query heads together, with the next keys and
+values prefetched: on this project's AMD EPYC, one thread, SmolLM2 engine decode steps with oneDNN linear layers
+1.09x faster at one row, 1.21x at 16, 1.27-1.50x at 64 (``benchmarks/engine.py kernels``). The sums run in
+another order, so outputs differ from torch's by about 1e-7; greedy output equals ``model.generate`` (tests).
 
 It is C++ (``cpu_kernels.build``), because torch has no operator that attends over a block table. Float32 on
 the CPU only. torch is passed in by the backend; nothing here runs at import time.
