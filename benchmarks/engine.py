@@ -9,6 +9,7 @@
     .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers, oneDNN, compiled
     .venv/bin/python benchmarks/engine.py kernels    # SmolLM2 engine steps under each choice of CPU kernels
     .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
+                                                     # (first in all: it compares glibc's malloc settings)
     .venv/bin/python benchmarks/engine.py all
 
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
@@ -382,27 +383,42 @@ def kernels(args: argparse.Namespace) -> None:
 def sampling(args: argparse.Namespace) -> None:
     """``select_tokens`` over SmolLM2-sized logits (49,152 tokens): greedy rows, rows sampled at temperature 1
     (what an OpenAI request without sampling fields asks for: drawn in vocabulary order) and rows with a top-p,
-    which must sort their logits; the sorted rows are the baseline (every sampled row sorted before)."""
+    which must sort their logits; the sorted rows are the baseline (every sampled row sorted before). Each with
+    glibc's default malloc, then with freed memory kept for reuse as the hf backend sets it on the CPU
+    (``backends/cpu_memory.py``); so ``all`` runs this first, before any backend loads."""
+    from lmi_handlers.backends.cpu_memory import keep_freed_memory
     from lmi_handlers.backends.sampler import select_tokens
 
-    print("\nselect_tokens over [rows, 49,152] float32 logits, ms (median of 11 calls)")
-    print("| rows | greedy | temperature 1 | top_p 0.95 (sorted) | temperature 1 vs sorted |\n|---|---|---|---|---|")
     kinds = {"greedy": {"do_sample": False}, "temperature": {"do_sample": True}, "top_p": {"do_sample": True,
                                                                                            "top_p": 0.95}}
+    times: dict[tuple[str, int, str], float] = {}
+    for memory in ("default", "kept"):
+        if memory == "kept" and not keep_freed_memory():
+            print("\n(this C library is not glibc: no second table)")
+            break
+        for rows in (1, 16, 64):
+            logits = torch.randn(rows, 49_152, generator=torch.Generator().manual_seed(rows)) * 3
+            for kind, params in kinds.items():
+                request = GenerationRequest(Schema.LMI, "ids", SamplingParams(**params),
+                                            StoppingParams(max_new_tokens=8))
+                seqs = [SequenceState(request, [1], decode=str, seed=i) for i in range(rows)]
+                calls = []
+                for _ in range(11):
+                    began = time.perf_counter()
+                    select_tokens(torch, logits, seqs)
+                    calls.append(time.perf_counter() - began)
+                times[memory, rows, kind] = statistics.median(calls) * 1000
+    print("\nselect_tokens over [rows, 49,152] float32 logits, ms (median of 11 calls), glibc's default malloc / "
+          "freed memory kept")
+    print("| rows | greedy | temperature 1 | top_p 0.95 (sorted) | temperature 1 vs sorted | temperature 1, "
+          "default / kept |\n|---|---|---|---|---|---|")
     for rows in (1, 16, 64):
-        logits = torch.randn(rows, 49_152, generator=torch.Generator().manual_seed(rows)) * 3
-        times = {}
-        for kind, params in kinds.items():
-            request = GenerationRequest(Schema.LMI, "ids", SamplingParams(**params), StoppingParams(max_new_tokens=8))
-            seqs = [SequenceState(request, [1], decode=str, seed=i) for i in range(rows)]
-            calls = []
-            for _ in range(11):
-                began = time.perf_counter()
-                select_tokens(torch, logits, seqs)
-                calls.append(time.perf_counter() - began)
-            times[kind] = statistics.median(calls) * 1000
-        print(f"| {rows} | {times['greedy']:.2f} | {times['temperature']:.2f} | {times['top_p']:.2f} | "
-              f"{times['top_p'] / times['temperature']:.1f}x faster |")
+        cell = {kind: " / ".join(f"{times[m, rows, kind]:.2f}" for m in ("default", "kept") if (m, rows, kind) in times)
+                for kind in kinds}
+        kept = times.get(("kept", rows, "temperature"))
+        print(f"| {rows} | {cell['greedy']} | {cell['temperature']} | {cell['top_p']} | "
+              f"{times['default', rows, 'top_p'] / times['default', rows, 'temperature']:.1f}x faster | "
+              + (f"{times['default', rows, 'temperature'] / kept:.2f}x |" if kept else "- |"))
 
 
 def greedy_steps(model: object, cache: object, prompt: torch.Tensor, steps: int) -> tuple[float, torch.Tensor]:
@@ -440,7 +456,7 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "kernels", "sampling")
+    every = ("sampling", "capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "kernels")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

@@ -33,6 +33,7 @@ from ..sequence import Chunk, SequenceState
 from .base import split_batch
 from .cpu_kernels import OPTIONS as CPU_KERNEL_KEYS
 from .cpu_kernels import check_target, parse_kernels
+from .cpu_memory import keep_freed_memory
 from .compiled_linear import build_kernel as build_linear_kernel
 from .compiled_linear import compile_linears
 from .decode_attention import build_kernel, decode_reader
@@ -169,6 +170,9 @@ class HFBackend:
         hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
         device = resolve_device(torch, config.device)
+        if device == "cpu":
+            kept = keep_freed_memory()
+            logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
         source = gguf_source(config)
         dtype = resolve_dtype(torch, config.dtype, device, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}

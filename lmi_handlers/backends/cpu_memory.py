@@ -1,0 +1,31 @@
+"""glibc's malloc told to keep freed memory for reuse, for the hf backend on the CPU.
+
+A decode step on the CPU allocates and frees tensors of a few megabytes every step (logits and sampling
+distributions: 16 rows of a 49,152-token vocabulary are 3 MB). By default glibc maps such blocks fresh and
+returns them to the kernel when they are freed, or trims the top of its heap, so every step faults its tensors in
+again page by page. Kept instead: sampling 16 rows at temperature 1 (what a chat request without sampling fields
+asks for) took 2.3 against 4.8 ms a step, 64 rows 10.1 against 26.5 ms (``benchmarks/engine.py sampling``, one
+thread, on this project's AMD EPYC). The numbers computed are the same; the process's resident memory stays at its
+peak rather than shrinking after it.
+
+``mallopt`` through ctypes (standard library), where the C library has it: glibc. Elsewhere nothing changes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 32 << 20  # blocks below this come from the heap: glibc's largest allowed value on 64-bit
+TRIM_THRESHOLD = 1 << 30  # free memory at the top of the heap kept up to this much
+
+
+def keep_freed_memory() -> bool:
+    """Set the process's malloc to reuse freed blocks; True if the C library took both settings."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt  # the C library this process already runs on
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
