@@ -2,15 +2,13 @@
 in float64 on every row block and a padded last panel, greedy output equal to ``model.generate`` on the same
 kernels alone and in a busy batch, and a clear refusal where it cannot run."""
 
-import random
 import shutil
 
 import pytest
 
 from lmi_handlers.config import ConfigError
 
-from .test_hf_backend import loaded
-from .test_paged_engine import assert_exact, prompts, run
+from .test_onednn_linear import assert_equals_generate_on_the_same_kernels
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -52,13 +50,8 @@ def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_featu
 
 def test_greedy_output_equals_generate_on_the_compiled_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path,
                                                                                        kernel):
-    handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_rolling_batch_size=8,
-                     cpu_linear_kernel="compiled")
-    assert "forward" in vars(handler.backend.model.get_output_embeddings())
-    rng = random.Random(4)
-    alone = run(handler, {0: [(prompts(rng, 1, 4, 12)[0], 12)]})
-    busy = run(handler, {0: [(p, 16) for p in prompts(rng, 5, 2, 20)], 2: [(p, 10) for p in prompts(rng, 3, 30, 60)]})
-    assert_exact((None, compiled_model(tiny_model_dir, kernel)), alone + busy)
+    assert_equals_generate_on_the_same_kernels(tiny_model_dir, tmp_path, "compiled",
+                                               compiled_model(tiny_model_dir, kernel))
 
 
 def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tiny_model_dir, kernel):

@@ -34,14 +34,21 @@ def test_prepacked_logits_stay_within_rounding_of_the_stock_ones(tiny_model_dir)
             assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max())), (rows, length)
 
 
-def test_greedy_output_equals_generate_on_the_prepacked_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path):
+def assert_equals_generate_on_the_same_kernels(tiny_model_dir, tmp_path, kernel, reference):
+    """Greedy output of the handler with ``option.cpu_linear_kernel=kernel`` equals ``model.generate`` on
+    ``reference`` (the model with the same kernels), alone and in a busy batch."""
     handler = loaded(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_rolling_batch_size=8,
-                     cpu_linear_kernel="onednn")
+                     cpu_linear_kernel=kernel)
     assert "forward" in vars(handler.backend.model.get_output_embeddings())
     rng = random.Random(4)
     alone = run(handler, {0: [(prompts(rng, 1, 4, 12)[0], 12)]})
     busy = run(handler, {0: [(p, 16) for p in prompts(rng, 5, 2, 20)], 2: [(p, 10) for p in prompts(rng, 3, 30, 60)]})
-    assert_exact((None, load_model(tiny_model_dir, prepacked=True)), alone + busy)
+    assert_exact((None, reference), alone + busy)
+
+
+def test_greedy_output_equals_generate_on_the_prepacked_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path):
+    assert_equals_generate_on_the_same_kernels(tiny_model_dir, tmp_path, "onednn",
+                                               load_model(tiny_model_dir, prepacked=True))
 
 
 def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tiny_model_dir):
