@@ -456,7 +456,8 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    every = ("sampling", "capacity", "decode", "prefix", "chunked", "projection", "packed", "linear", "kernels")
+    every = ("sampling", "capacity", "decode", "prefix", "chunked", "projection", "packed", "linear",
+             "kernels")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

@@ -4,8 +4,8 @@ A decode step multiplies a few dozen rows by every weight, so on the CPU it is a
 memory. oneDNN's prepacked product (``onednn_linear.py``) streamed SmolLM2's float32 weights at 15-17 GB/s at 16
 rows on this project's AMD EPYC, one thread, where the core reads 30-37 GB/s. The kernel in
 ``compiled_linear.cpp`` multiplies weights packed once into panels of one vector's width, read straight through
-with software prefetch, and holds each tile's sums in vector registers: SmolLM2's linear layers, one thread,
-16 rows 26 against 35 ms a step (1.3x), 64 rows 86 against 91 ms (``benchmarks/engine.py linear``).
+with software prefetch, and holds each tile's sums in vector registers: SmolLM2's own decode step, one thread,
+37.1 against 47.0 ms at 16 rows (1.27x), 109.0 against 117.2 ms at 64 (``benchmarks/engine.py linear``).
 
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock

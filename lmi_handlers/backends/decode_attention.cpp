@@ -26,6 +26,7 @@ constexpr int MAX_HEADS = 8;
 // values are read after the softmax, from the cache). 16 ran 2.8x faster than none at 64 rows of 200 positions on
 // SmolLM2's shapes; 2 and 4 were slower than none.
 constexpr int64_t AHEAD = 16;
+
 void prefetch(const float* key, const float* value, int64_t dim) {
   for (int64_t i = 0; i < dim; i += 64 / sizeof(float)) {
     __builtin_prefetch(key + i);
@@ -39,8 +40,8 @@ float sum_lanes(const Vec& x) {
 
 // scores[p * n + j] = factor * (query head p) . (key j), for HEADS heads at once.
 template <int HEADS>
-void score(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n, int64_t dim,
-           float factor, float* scores) {
+void score(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n,
+           int64_t dim, float factor, float* scores) {
   const int64_t full = dim / kVec * kVec, tail = dim - full;
   for (int64_t j = 0; j < n; ++j) {
     const float* k = keys + where[j];
@@ -71,7 +72,8 @@ void weigh(const float* weights, const float* values, const int64_t* where, int6
   for (int64_t j = 0; j < n; ++j) {
     const float* v = values + where[j] + from;
     Vec vv[WIDTH];
-    for (int c = 0; c < WIDTH; ++c) vv[c] = count[c] == kVec ? Vec::loadu(v + c * kVec) : Vec::loadu(v + c * kVec, count[c]);
+    for (int c = 0; c < WIDTH; ++c)
+      vv[c] = count[c] == kVec ? Vec::loadu(v + c * kVec) : Vec::loadu(v + c * kVec, count[c]);
     for (int p = 0; p < HEADS; ++p) {
       const Vec w(weights[p * n + j]);
       for (int c = 0; c < WIDTH; ++c) acc[p][c] = at::vec::fmadd(w, vv[c], acc[p][c]);

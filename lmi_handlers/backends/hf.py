@@ -31,11 +31,11 @@ from ..config import ConfigError, HandlerConfig
 from ..errors import InvalidRequest
 from ..sequence import Chunk, SequenceState
 from .base import split_batch
+from .compiled_linear import build_kernel as build_linear_kernel
+from .compiled_linear import compile_linears
 from .cpu_kernels import OPTIONS as CPU_KERNEL_KEYS
 from .cpu_kernels import check_target, parse_kernels
 from .cpu_memory import keep_freed_memory
-from .compiled_linear import build_kernel as build_linear_kernel
-from .compiled_linear import compile_linears
 from .decode_attention import build_kernel, decode_reader
 from .onednn_linear import prepack_linears
 from .output_projection import SLICE, split_output_projection

@@ -34,12 +34,13 @@ def compiled_model(path, kernel):
 # 20, 17 and 1 outputs leave the last panel part padding; 7 and 33 inputs are no multiple of a vector.
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (20, 7), (17, 33), (1, 5), (200, 96)])
 def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_features):
+    from lmi_handlers.backends.compiled_linear import compile_linears
+
     generator = torch.Generator().manual_seed(out_features)
     layer = torch.nn.Linear(in_features, out_features)
     torch.nn.init.normal_(layer.bias, generator=generator)
-    from lmi_handlers.backends.compiled_linear import _compiled_forward
-
-    forward = _compiled_forward(torch, kernel, layer)
+    forward = torch.nn.Sequential(layer)
+    assert compile_linears(torch, kernel, forward) == 1
     for rows in [*range(1, 30), 33, 64]:
         x = torch.randn(rows, in_features, generator=generator)
         want = x.double() @ layer.weight.double().T + layer.bias.double()
