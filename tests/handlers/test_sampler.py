@@ -75,3 +75,43 @@ def test_log_probabilities_agree_with_float64_to_within_float32_rounding():
     exact = torch.log_softmax(logits.double(), dim=-1)
     assert [token for token, _ in picked] == logits.argmax(dim=-1).tolist()
     assert max(abs(lp - float(exact[row, token])) for row, (token, lp) in enumerate(picked)) < 5e-7
+
+
+@pytest.mark.parametrize("vocab", [49_152, 50_257])  # whole blocks of 64, and a short last block
+def test_blockwise_argmax_is_torch_argmax_with_ties_and_in_the_last_block(vocab):
+    logits = torch.randn(16, vocab, generator=torch.Generator().manual_seed(vocab))
+    logits[1, [7, 70, 3000]] = 9.0  # ties: the first column wins, as argmax's
+    logits[2, [200, 201]] = 9.0  # a tie inside one block
+    logits[3, -1] = 9.0  # the vocabulary's last column
+    assert logits.numel() >= sampler.BLOCKWISE_FROM
+    assert torch.equal(sampler._argmax(torch, logits), logits.argmax(dim=-1))
+
+
+def test_blockwise_draws_follow_the_weights_and_never_pick_a_zero_weight():
+    weights = torch.zeros(130)  # two whole blocks and a last block of two
+    weights[[0, 63, 64, 127, 129]] = torch.tensor([1.0, 2.0, 3.0, 1.0, 3.0])
+    uniforms = torch.rand(DRAWS, generator=torch.Generator().manual_seed(0))
+    rows = weights.repeat(DRAWS, 1)
+    assert rows.numel() >= sampler.BLOCKWISE_FROM
+    got = torch.bincount(sampler._draw(torch, rows, uniforms), minlength=130).float() / DRAWS
+    assert (got - weights / weights.sum()).abs().max() < 0.025, got[weights > 0]
+    assert torch.all(got[weights == 0] == 0)
+
+
+def test_blockwise_draws_are_the_cumulative_sums_draws():
+    weights = torch.softmax(torch.randn(64, 49_152, generator=torch.Generator().manual_seed(2)) * 3, dim=-1)
+    uniforms = torch.rand(64, generator=torch.Generator().manual_seed(3))
+    cumulative = weights.cumsum(dim=-1)
+    expected = torch.searchsorted(cumulative, uniforms[:, None] * cumulative[:, -1:], right=True)[:, 0]
+    assert torch.equal(sampler._draw(torch, weights, uniforms), expected)
+
+
+def test_blockwise_draws_at_the_top_of_a_row_stay_on_positive_weights():
+    # A point just under a row's total lands where the block sums and the sums inside a block round apart;
+    # each block's second half weighs 0 (what top-k and top-p leave), so a draw past the last weight would show.
+    generator = torch.Generator().manual_seed(5)
+    weights = torch.rand(512, 256, generator=generator) ** 4
+    for start in (32, 96, 160, 224):
+        weights[:, start:start + 32] = 0
+    picks = sampler._draw(torch, weights, 1 - torch.rand(512, generator=generator) * 1e-6)
+    assert torch.all(weights.gather(1, picks[:, None]) > 0)
