@@ -37,16 +37,28 @@ inline Reg fma(Reg a, Reg b, Reg c) { return std::fma(a, b, c); }
 inline void store(float* p, Reg x) { *p = x; }
 #endif
 constexpr int64_t kWidth = sizeof(Reg) / sizeof(float);
-// Panels multiplied by every row block while they sit in the L2 cache: 12, or 6 where 12 would pass half of a
-// 1 MB L2 (SmolLM2's down projection, 1,536 inputs; 1-3% faster over its layers than 12 everywhere).
+// Panels multiplied by every row block while they sit in the L2 cache: 12, or 6 where 12 would pass a quarter of
+// a 1 MB L2 (room for the next group too: SmolLM2's wider layers, 576 and 1,536 inputs).
 constexpr int64_t GROUP = 12;
-constexpr int64_t GROUP_BYTES = 512 << 10;
+constexpr int64_t GROUP_BYTES = 256 << 10;
 constexpr int64_t AHEAD = 1024;  // floats (4 KB) ahead in each panel; 256 gained little, 2,048 less than 1,024
+
+// The next group's lines still to bring into the L2 cache, a few each k step. With more rows than one block
+// holds, the first row block reads the group from memory and the later ones from the L2 cache, so the memory
+// would idle in the later blocks and stall the first: spreading the next group's reads over every block keeps
+// it busy (SmolLM2's layers, 16 rows, 4% faster; 40 rows 8%). Off when one block reads the group: the in-panel
+// prefetch alone streams faster there.
+struct NextGroup {
+  const char* line;
+  const char* end;
+  int64_t per_step;
+};
 
 // y[i, j * width + c] for ROWS rows and PANELS panels: sums over k of xt[k * ROWS + i] * panel_j[k, c], from bias.
 template <int ROWS, int PANELS>
 void tile(const float* xt, const float* panels, const float* bias, int64_t in, float* y, int64_t ldy,
-          int64_t columns) {
+          int64_t columns, NextGroup& next) {
+  const char* line = next.line;
   Reg acc[ROWS][PANELS];
   for (int j = 0; j < PANELS; ++j) {
     const Reg b = load(bias + j * kWidth);
@@ -59,11 +71,13 @@ void tile(const float* xt, const float* panels, const float* bias, int64_t in, f
       w[j] = load(at);
       __builtin_prefetch(at + AHEAD);
     }
+    for (int64_t l = 0; l < next.per_step && line < next.end; ++l, line += 64) _mm_prefetch(line, _MM_HINT_T2);
     for (int i = 0; i < ROWS; ++i) {
       const Reg x = splat(xt[k * ROWS + i]);
       for (int j = 0; j < PANELS; ++j) acc[i][j] = fma(x, w[j], acc[i][j]);
     }
   }
+  next.line = line;
   if (columns >= PANELS * kWidth) {
     for (int i = 0; i < ROWS; ++i)
       for (int j = 0; j < PANELS; ++j) store(y + i * ldy + j * kWidth, acc[i][j]);
@@ -78,56 +92,75 @@ void tile(const float* xt, const float* panels, const float* bias, int64_t in, f
 // ROWS rows (transposed in xt) times panels [first, last), PANELS at a time.
 template <int ROWS, int PANELS>
 void row_block(const float* xt, const float* packed, const float* bias, int64_t in, int64_t first, int64_t last,
-               float* y, int64_t out) {
+               float* y, int64_t out, NextGroup& next) {
   int64_t p = first;
   for (; p + PANELS <= last; p += PANELS)
-    tile<ROWS, PANELS>(xt, packed + p * in * kWidth, bias + p * kWidth, in, y + p * kWidth, out, out - p * kWidth);
+    tile<ROWS, PANELS>(xt, packed + p * in * kWidth, bias + p * kWidth, in, y + p * kWidth, out, out - p * kWidth, next);
   for (; p < last; ++p)
-    tile<ROWS, 1>(xt, packed + p * in * kWidth, bias + p * kWidth, in, y + p * kWidth, out, out - p * kWidth);
+    tile<ROWS, 1>(xt, packed + p * in * kWidth, bias + p * kWidth, in, y + p * kWidth, out, out - p * kWidth, next);
 }
 
 // Row blocks sized so ROWS * PANELS sums and PANELS weight vectors fit the vector registers (32 with AVX-512,
 // 16 otherwise); one thread, SmolLM2's layers: 16 rows 1.3x oneDNN's prepacked product, 64 rows 1.05x.
+struct Block {
+  int rows, panels;
+};
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr int64_t kBlocks[] = {12, 8, 4, 2, 1};
+constexpr Block kBlocks[] = {{12, 2}, {8, 3}, {4, 6}, {2, 8}, {1, 8}};
 #else
-constexpr int64_t kBlocks[] = {6, 4, 2, 1};
+constexpr Block kBlocks[] = {{6, 2}, {4, 3}, {2, 6}, {1, 6}};
 #endif
+constexpr size_t kBlockCount = sizeof(kBlocks) / sizeof(Block);
 
-int64_t block_rows(int64_t left) {
-  for (int64_t rows : kBlocks)
-    if (left >= rows) return rows;
-  return 1;
+// The rows taken a block at a time, largest first: (first row, index in kBlocks) each.
+std::vector<std::pair<int64_t, size_t>> split_rows(int64_t rows) {
+  std::vector<std::pair<int64_t, size_t>> blocks;
+  for (int64_t m = 0; m < rows; m += kBlocks[blocks.back().second].rows) {
+    size_t index = 0;
+    while (kBlocks[index].rows > rows - m) ++index;
+    blocks.emplace_back(m, index);
+  }
+  return blocks;
 }
 
-void multiply(int64_t rows, const float* xt, const float* packed, const float* bias, int64_t in, int64_t first,
-              int64_t last, float* y, int64_t out) {
-  switch (rows) {
-#if defined(CPU_CAPABILITY_AVX512)
-    case 12: return row_block<12, 2>(xt, packed, bias, in, first, last, y, out);
-    case 8: return row_block<8, 3>(xt, packed, bias, in, first, last, y, out);
-    case 4: return row_block<4, 6>(xt, packed, bias, in, first, last, y, out);
-    case 2: return row_block<2, 8>(xt, packed, bias, in, first, last, y, out);
-    default: return row_block<1, 8>(xt, packed, bias, in, first, last, y, out);
-#else
-    case 6: return row_block<6, 2>(xt, packed, bias, in, first, last, y, out);
-    case 4: return row_block<4, 3>(xt, packed, bias, in, first, last, y, out);
-    case 2: return row_block<2, 6>(xt, packed, bias, in, first, last, y, out);
-    default: return row_block<1, 6>(xt, packed, bias, in, first, last, y, out);
-#endif
+// Block kBlocks[index] times panels [first, last).
+template <size_t I = 0>
+void multiply(size_t index, const float* xt, const float* packed, const float* bias, int64_t in, int64_t first,
+              int64_t last, float* y, int64_t out, NextGroup& next) {
+  if constexpr (I + 1 < kBlockCount) {
+    if (index != I) return multiply<I + 1>(index, xt, packed, bias, in, first, last, y, out, next);
   }
+  row_block<kBlocks[I].rows, kBlocks[I].panels>(xt, packed, bias, in, first, last, y, out, next);
+}
+
+// Panels [first, last) are the group being multiplied: which of the next group's lines to prefetch, how fast.
+NextGroup next_group(const float* packed, int64_t in, int64_t first, int64_t last, int64_t panels,
+                     const std::vector<std::pair<int64_t, size_t>>& blocks) {
+  const int64_t next_last = std::min(panels, 2 * last - first);
+  int64_t steps = 0;  // k steps of every tile over this group (row_block: full tiles, then one panel at a time)
+  for (const auto& block : blocks) {
+    const int64_t width = kBlocks[block.second].panels;
+    steps += ((last - first) / width + (last - first) % width) * in;
+  }
+  const int64_t lines = (next_last - last) * in * kWidth * int64_t(sizeof(float)) / 64;
+  const auto at = [&](int64_t panel) { return reinterpret_cast<const char*>(packed + panel * in * kWidth); };
+  return {at(last), at(next_last), blocks.size() > 1 ? (lines + steps - 1) / steps : 0};
 }
 
 }  // namespace
 
-// weight [out, in] -> [ceil(out / width), in, width], the last panel padded with zeros.
-torch::Tensor pack_weight(const torch::Tensor& weight) {
+// weight [out, in] -> packed [ceil(out / width), in, width] (allocated by the caller), the last panel padded with
+// zeros.
+void pack_weight(const torch::Tensor& weight, torch::Tensor& packed) {
   TORCH_CHECK(weight.dim() == 2 && weight.device().is_cpu() && weight.scalar_type() == at::kFloat,
               "a float32 CPU matrix");
   const int64_t out = weight.size(0), in = weight.size(1), panels = (out + kWidth - 1) / kWidth;
+  TORCH_CHECK(packed.is_contiguous() && packed.scalar_type() == at::kFloat &&
+                  packed.sizes() == at::IntArrayRef({panels, in, kWidth}),
+              "packed: float32 [", panels, ", ", in, ", ", kWidth, "]");
   auto padded = torch::zeros({panels * kWidth, in}, weight.options());
   padded.narrow(0, 0, out).copy_(weight);
-  return padded.view({panels, kWidth, in}).transpose(1, 2).contiguous();
+  packed.copy_(padded.view({panels, kWidth, in}).transpose(1, 2));
 }
 
 // x [rows, in] @ weight.T + bias, with weight packed by pack_weight and bias padded to the panels' width.
@@ -140,13 +173,12 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   auto y = torch::empty({rows, out}, x.options());
   // Each row block transposed once ([in, block rows]): a tile then reads one k's rows from one cache line.
   const auto xc = x.contiguous();
+  const auto blocks = split_rows(rows);
   std::vector<float> xt(rows * in);
   const float* xp = xc.data_ptr<float>();
-  for (int64_t m = 0, size; m < rows; m += size) {
-    size = block_rows(rows - m);
-    for (int64_t k = 0; k < in; ++k)
+  for (const auto& [m, index] : blocks)
+    for (int64_t k = 0, size = kBlocks[index].rows; k < in; ++k)
       for (int64_t i = 0; i < size; ++i) xt[m * in + k * size + i] = xp[(m + i) * in + k];
-  }
   const float* w = packed.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
   float* yp = y.data_ptr<float>();
@@ -155,16 +187,16 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
     for (int64_t g = begin; g < end; ++g) {
       const int64_t first = g * group, last = std::min(panels, first + group);
-      for (int64_t m = 0, size; m < rows; m += size) {
-        size = block_rows(rows - m);
-        multiply(size, xt.data() + m * in, w, b, in, first, last, yp + m * out, out);
-      }
+      NextGroup next = next_group(w, in, first, last, panels, blocks);
+      for (const auto& [m, index] : blocks)
+        multiply(index, xt.data() + m * in, w, b, in, first, last, yp + m * out, out, next);
     }
   });
   return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.attr("width") = kWidth;
   m.def("pack_weight", &pack_weight);
   m.def("linear", &linear);
 }

@@ -15,16 +15,18 @@ ones stay: tied embeddings and the load checks read them). Float32 on the CPU on
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from .cpu_kernels import build, float32_cpu_linears
+from .cpu_memory import huge_page_empty
 
 SOURCE = Path(__file__).with_name("compiled_linear.cpp")
 
 
 def build_kernel(torch: Any) -> Any:
-    """The compiled module (``pack_weight``, ``linear``); ``ConfigError`` naming the option when it cannot be built."""
+    """The compiled module (``width``, ``pack_weight``, ``linear``); ``ConfigError`` naming the option when it cannot be built."""
     return build(torch, "cpu_linear_kernel", SOURCE)
 
 
@@ -32,13 +34,19 @@ def compile_linears(torch: Any, kernel: Any, model: Any) -> int:
     """Route every ``nn.Linear`` of ``model`` through ``kernel``; how many layers. Refused (``ConfigError``) where
     the model is not float32 on the CPU."""
     layers = float32_cpu_linears(torch, model, "cpu_linear_kernel", "compiled")
-    for layer in layers:
-        layer.forward = _compiled_forward(torch, kernel, layer)
+    shapes = [(-(-layer.out_features // kernel.width), layer.in_features, kernel.width) for layer in layers]
+    # One buffer on huge pages for every packed weight: a step streams all of them (cpu_memory.huge_page_empty).
+    arena = huge_page_empty(torch, (sum(math.prod(shape) for shape in shapes),), torch.float32)
+    offset = 0
+    for layer, shape in zip(layers, shapes):
+        packed = arena[offset:offset + math.prod(shape)].view(shape)
+        offset += packed.numel()
+        kernel.pack_weight(layer.weight.detach(), packed)
+        layer.forward = _compiled_forward(torch, kernel, layer, packed)
     return len(layers)
 
 
-def _compiled_forward(torch: Any, kernel: Any, layer: Any) -> Any:
-    packed = kernel.pack_weight(layer.weight.detach())
+def _compiled_forward(torch: Any, kernel: Any, layer: Any, packed: Any) -> Any:
     bias = torch.zeros(packed.shape[0] * packed.shape[2])
     if layer.bias is not None:
         bias[:layer.out_features] = layer.bias.detach()

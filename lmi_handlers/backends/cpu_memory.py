@@ -1,4 +1,5 @@
-"""glibc's malloc told to keep freed memory for reuse, for the hf backend on the CPU.
+"""Memory for the hf backend on the CPU: glibc's malloc told to keep freed memory for reuse, and the large
+buffers a decode step streams (packed weights, the KV pool) on 2 MB pages.
 
 A decode step on the CPU allocates and frees tensors of a few megabytes every step (logits and sampling
 distributions: 16 rows of a 49,152-token vocabulary are 3 MB). By default glibc maps such blocks fresh and
@@ -9,11 +10,20 @@ thread, on this project's AMD EPYC). The numbers computed are the same; the proc
 peak rather than shrinking after it.
 
 ``mallopt`` through ctypes (standard library), where the C library has it: glibc. Elsewhere nothing changes.
+
+A decode step also streams every weight and every running row's keys and values from memory: hundreds of
+megabytes in 4 KB pages, so a TLB miss every 4 KB. ``huge_page_empty`` maps such a buffer fresh and asks Linux to
+back it with transparent huge pages (``MADV_HUGEPAGE``, which THP's default ``madvise`` mode honours) before
+anything touches it: SmolLM2's linear layers through the compiled kernel, 16 rows, one thread, 7.5% faster.
+Where the system has no huge pages the buffer is ordinary memory.
 """
 
 from __future__ import annotations
 
 import ctypes
+import math
+import mmap
+from typing import Any
 
 M_TRIM_THRESHOLD = -1  # glibc's mallopt parameters (malloc.h)
 M_MMAP_THRESHOLD = -3
@@ -29,3 +39,21 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     return mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1 and mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+
+
+HUGE_PAGE = 2 << 20
+
+
+def huge_page_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
+    """An uninitialized CPU tensor of ``shape`` in fresh memory aligned to, and advised for, 2 MB pages; memory is
+    committed as it is first written, as ``torch.empty``'s. The tensor keeps its mapping alive."""
+    size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if size == 0:
+        return torch.empty(shape, dtype=dtype)
+    # private and anonymous (shared memory follows another THP setting), never touched: first writes fault huge pages
+    region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        region.madvise(mmap.MADV_HUGEPAGE)
+    raw = torch.frombuffer(region, dtype=torch.uint8)
+    start = -raw.data_ptr() % HUGE_PAGE
+    return raw[start:start + size].view(dtype).view(shape)
