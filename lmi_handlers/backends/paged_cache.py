@@ -31,7 +31,6 @@ from typing import Any, Mapping
 
 from ..config import ConfigError, parse_bool, parse_float, parse_int
 from ..sequence import SequenceState
-from .cpu_memory import huge_page_empty
 from .prefix_cache import ROOT, PrefixCache, block_key
 
 POOL_KEYS = frozenset({"block_size", "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",
@@ -175,14 +174,6 @@ class BlockManager:
 _cache_class: Any = None
 
 
-def _empty_pool(torch: Any, shape: tuple[int, ...], like: Any) -> Any:
-    """A layer's keys or values pool, of ``like``'s dtype and device; on the CPU on huge pages, as a decode step
-    reads every running row's keys and values from memory (``cpu_memory.huge_page_empty``)."""
-    if like.device.type == "cpu":
-        return huge_page_empty(torch, shape, like.dtype)
-    return torch.empty(shape, dtype=like.dtype, device=like.device)
-
-
 def make_paged_cache(torch: Any, num_slots: int) -> Any:
     """A ``PagedKVCache`` over ``num_slots`` token slots; the class subclasses transformers' ``Cache``."""
     global _cache_class
@@ -222,10 +213,10 @@ def _build_cache_class(torch: Any) -> Any:
                 self.keys.append(None)
                 self.values.append(None)
             if self.keys[layer_idx] is None:
-                # Memory is committed as blocks are first written; only scratch must be finite.
+                # torch.empty commits no memory until a block is first written; only scratch must be finite.
                 shape = (key_states.shape[1], self.num_slots + 1, key_states.shape[3])
                 for pool in (self.keys, self.values):
-                    pool[layer_idx] = _empty_pool(torch, shape, key_states)
+                    pool[layer_idx] = torch.empty(shape, dtype=key_states.dtype, device=key_states.device)
                     pool[layer_idx][:, self.scratch].zero_()
             keys, values = self.keys[layer_idx], self.values[layer_idx]
             heads, dim = key_states.shape[1], key_states.shape[3]

@@ -55,13 +55,3 @@ def test_a_huge_page_buffer_is_backed_by_huge_pages_once_written():
     if "[madvise]" in THP.read_text():  # the common default: memory not advised stays on 4 KB pages
         assert huge_kilobytes_at(torch.ones(4 << 20).data_ptr()) == 0
 
-
-def test_the_paged_pool_on_the_cpu_is_a_huge_page_buffer():
-    from lmi_handlers.backends.cpu_memory import HUGE_PAGE
-    from lmi_handlers.backends.paged_cache import make_paged_cache
-
-    cache = make_paged_cache(torch, 4096)
-    cache.plan(torch.tensor([0, 1]), None, 0)
-    cache.update(torch.ones(1, 2, 2, 8), torch.ones(1, 2, 2, 8), 0)
-    assert all(pool[0].data_ptr() % HUGE_PAGE == 0 for pool in (cache.keys, cache.values))
-    assert torch.all(cache.keys[0][:, :2] == 1) and torch.all(cache.keys[0][:, 4096] == 0)  # written, and scratch
