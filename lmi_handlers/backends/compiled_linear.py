@@ -9,8 +9,10 @@ with software prefetch, and holds each tile's sums in vector registers: SmolLM2'
 
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock
-ones stay: tied embeddings and the load checks read them). Float32 on the CPU only, built at load
-(``cpu_kernels.build``). torch is passed in by the backend; nothing here runs at import time.
+ones stay: tied embeddings and the load checks read them), all in one buffer on 2 MB pages
+(``cpu_memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). Float32 on the
+CPU only, built at load (``cpu_kernels.build``). torch is passed in by the backend; nothing here runs at import
+time.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ SOURCE = Path(__file__).with_name("compiled_linear.cpp")
 
 
 def build_kernel(torch: Any) -> Any:
-    """The compiled module (``width``, ``pack_weight``, ``linear``); ``ConfigError`` naming the option when it cannot be built."""
+    """The compiled module (``width``, ``pack_weight``, ``linear``); ``ConfigError`` naming the option when it
+    cannot be built."""
     return build(torch, "cpu_linear_kernel", SOURCE)
 
 

@@ -1,5 +1,5 @@
-"""Memory for the hf backend on the CPU: glibc's malloc told to keep freed memory for reuse, and the large
-buffers a decode step streams (packed weights, the KV pool) on 2 MB pages.
+"""Memory for the hf backend on the CPU: glibc's malloc told to keep freed memory for reuse, and the packed
+weights a decode step streams on 2 MB pages.
 
 A decode step on the CPU allocates and frees tensors of a few megabytes every step (logits and sampling
 distributions: 16 rows of a 49,152-token vocabulary are 3 MB). By default glibc maps such blocks fresh and
@@ -50,7 +50,7 @@ def huge_page_empty(torch: Any, shape: tuple[int, ...], dtype: Any) -> Any:
     """An uninitialized CPU tensor of ``shape`` in fresh memory aligned to, and advised for, 2 MB pages; memory is
     committed as it is first written, as ``torch.empty``'s. The tensor keeps its mapping alive."""
     size = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
-    if size == 0:
+    if size == 0 or not hasattr(mmap, "MAP_ANONYMOUS"):  # (Windows has no anonymous private maps)
         return torch.empty(shape, dtype=dtype)
     # private and anonymous (shared memory follows another THP setting), never touched: first writes fault huge pages
     region = mmap.mmap(-1, size + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -209,8 +209,8 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> lis
     plain = (logits - top).exp_()
     chosen = _argmax(torch, scores)
     if sampled:
-        chosen[torch.tensor(sampled, device=logits.device)] = _sample(torch, scores, plain if scores is logits else None,
-                                                                      seqs, sampled)
+        unpenalized = plain if scores is logits else None
+        chosen[torch.tensor(sampled, device=logits.device)] = _sample(torch, scores, unpenalized, seqs, sampled)
     log_probs = logits.gather(1, chosen[:, None])[:, 0] - top[:, 0] - plain.sum(dim=-1).log_()
     ids = chosen.tolist()
     for row in penalized:
