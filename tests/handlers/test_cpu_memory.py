@@ -1,5 +1,5 @@
 """Memory for the hf backend on the CPU (``backends/cpu_memory.py``): glibc's malloc keeps freed memory for reuse,
-and the buffers a decode step streams are on huge pages."""
+and ``huge_page_empty`` (the compiled linear kernel's packed weights) is backed by huge pages."""
 
 import re
 from pathlib import Path

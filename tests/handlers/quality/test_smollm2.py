@@ -157,25 +157,30 @@ def test_sampling_with_a_seed_is_reproducible(handler):
     assert first["details"]["seed"] == 42 and first["details"]["generated_tokens"] <= 16
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="this torch has no oneDNN")
-@pytest.mark.parametrize("attention", ["torch", "compiled"])
-def test_with_onednn_linear_layers_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path,
-                                                                                           attention):
+@pytest.mark.parametrize("linear,attention", [("onednn", "torch"), ("onednn", "compiled"), ("compiled", "compiled")])
+def test_with_cpu_kernels_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path, linear,
+                                                                                   attention):
+    from lmi_handlers.backends.compiled_linear import build_kernel, compile_linears
     from lmi_handlers.backends.onednn_linear import prepack_linears
 
-    if attention == "compiled" and shutil.which("c++") is None:
-        pytest.skip("no C++ compiler: the attention kernel cannot be built")
+    if linear == "onednn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    if "compiled" in (linear, attention) and shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: the compiled kernels cannot be built")
     if attention == "compiled" and Version(transformers.__version__) < Version("4.48"):
         pytest.skip("transformers < 4.48 runs no packed step, which the attention kernel serves")
-    onednn = Handler()
+    handler = Handler()
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path), "rolling_batch": "scheduler",
-             "max_rolling_batch_size": "8", "cpu_linear_kernel": "onednn", "cpu_attention_kernel": attention}
-    assert onednn.handle(init_input(props)) is None
-    assert (onednn.backend.runner.decode_kernel is not None) == (attention == "compiled")  # it passed the load check
+             "max_rolling_batch_size": "8", "cpu_linear_kernel": linear, "cpu_attention_kernel": attention}
+    assert handler.handle(init_input(props)) is None
+    assert (handler.backend.runner.decode_kernel is not None) == (attention == "compiled")  # it passed the load check
     tokenizer, model = transformers.AutoTokenizer.from_pretrained(smollm2_dir), \
         transformers.AutoModelForCausalLM.from_pretrained(smollm2_dir).eval()
-    prepack_linears(torch, model)
-    bodies = serve(onednn, [chat(question) for question, _ in FACTS], join_every=0, seed=5)  # a busy batch
+    if linear == "onednn":
+        prepack_linears(torch, model)
+    else:
+        compile_linears(torch, build_kernel(torch), model)
+    bodies = serve(handler, [chat(question) for question, _ in FACTS], join_every=0, seed=5)  # a busy batch
     for (question, word), body in zip(FACTS, bodies):
         assert word in content(json.loads(body))
         assert content(json.loads(body)) == generate((tokenizer, model), question)
