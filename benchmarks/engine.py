@@ -15,7 +15,9 @@
 Everything runs in process, through ``Handler`` and its ``Engine`` (the code a rolling-batch step runs), on
 random-weight models built locally (``lmi_tools.models.tiny``): the 2-layer tiny model for capacity and
 decode overhead, the 115M Llama shape (2,048 positions) for prefix reuse and chunked prefill. Figures, not
-assertions: nothing here fails on speed.
+assertions: nothing here fails on speed. One torch thread unless ``--threads`` says otherwise, as the figures in
+docs/engine.md were taken (and as ``serve_sweep.py`` runs every server): on a 2-CPU machine torch's default of
+every CPU competes with whatever else runs there and moves the figures.
 
 ``peers`` prints the command lines for the GPU comparison (vLLM and transformers serve against ``lmi serve``
 with ``lmi bench``, same model, same concurrency sweep); it needs an NVIDIA GPU and was not run here.
@@ -461,8 +463,9 @@ def main() -> None:
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     args = parser.parse_args()
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(max(1, args.threads))
     for name in every if args.what == "all" else (args.what,):
         globals()[name](args)
     if args.what == "all":
