@@ -40,4 +40,3 @@ def test_a_kernel_that_cannot_be_built_is_refused_saying_why(tiny_model_dir, tmp
     monkeypatch.setattr(torch.utils.cpp_extension, "load", no_ninja)
     body = refusal(tiny_model_dir, tmp_path, monkeypatch, {key: "compiled"})
     assert all(word in body for word in (key, "compiled", "Ninja is required", "compiler")), body
-
