@@ -102,46 +102,50 @@ void row_block(const float* xt, const float* packed, const float* bias, int64_t 
     tile<ROWS, 1>(xt, packed + p * in * kWidth, bias + p * kWidth, in, y + p * kWidth, out, out - p * kWidth, next);
 }
 
-// Row blocks sized so ROWS * PANELS sums and PANELS weight vectors fit the vector registers (32 with AVX-512,
-// 16 otherwise); one thread, SmolLM2's layers: 16 rows 1.3x oneDNN's prepacked product, 64 rows 1.05x.
-struct Block {
-  int rows, panels;
-};
+// A row block holds ROWS * PANELS sums, PANELS weight vectors and one broadcast row value in the vector registers.
+// Every count of rows up to kMaxRows is one block, multiplied in one pass over each panel group: a pass reads the
+// group again (from the L2 cache after the first), and blocks of fixed sizes (12, 8, 4, 2, 1) cost SmolLM2's
+// products, one thread, 25 ms a step at 3 rows (2 + 1), 31 ms at 7 (4 + 2 + 1), where one block takes 15-17 ms.
 #if defined(CPU_CAPABILITY_AVX512)
-constexpr Block kBlocks[] = {{12, 2}, {8, 3}, {4, 6}, {2, 8}, {1, 8}};
+constexpr int kRegisters = 32;
 #else
-constexpr Block kBlocks[] = {{6, 2}, {4, 3}, {2, 6}, {1, 6}};
+constexpr int kRegisters = 16;
 #endif
-constexpr size_t kBlockCount = sizeof(kBlocks) / sizeof(Block);
 
-// The rows taken a block at a time, largest first: (first row, index in kBlocks) each.
-std::vector<std::pair<int64_t, size_t>> split_rows(int64_t rows) {
-  std::vector<std::pair<int64_t, size_t>> blocks;
-  for (int64_t m = 0; m < rows; m += kBlocks[blocks.back().second].rows) {
-    size_t index = 0;
-    while (kBlocks[index].rows > rows - m) ++index;
-    blocks.emplace_back(m, index);
-  }
+// Panels a block takes at a time, as measured there: one up to 4 rows, where the product waits on memory and one
+// stream per tile reads fastest (1-4 rows 14-15 ms; 16-18 ms with 2, 3 or 6 panels), two above (5-14 rows
+// 17-19 ms; one panel a tile took 31 ms at 5 and 6 rows, 3 and 6 panels a tile were slower at 4-16 rows).
+constexpr int panels_for(int64_t rows) { return rows <= 4 ? 1 : 2; }
+
+// The largest block whose sums, two weight vectors and a broadcast fit the registers: 14 rows with AVX-512, 6 with
+// AVX2.
+constexpr int64_t kMaxRows = (kRegisters - 3) / 2;
+
+// The rows split into as few blocks as fit, of sizes that differ by one at most: (first row, rows) each.
+std::vector<std::pair<int64_t, int64_t>> split_rows(int64_t rows) {
+  const int64_t count = (rows + kMaxRows - 1) / kMaxRows, base = rows / count, extra = rows % count;
+  std::vector<std::pair<int64_t, int64_t>> blocks;
+  for (int64_t b = 0, m = 0; b < count; m += blocks.back().second, ++b) blocks.emplace_back(m, base + (b < extra));
   return blocks;
 }
 
-// Block kBlocks[index] times panels [first, last).
-template <size_t I = 0>
-void multiply(size_t index, const float* xt, const float* packed, const float* bias, int64_t in, int64_t first,
+// A block of `rows` rows times panels [first, last).
+template <int ROWS = 1>
+void multiply(int64_t rows, const float* xt, const float* packed, const float* bias, int64_t in, int64_t first,
               int64_t last, float* y, int64_t out, NextGroup& next) {
-  if constexpr (I + 1 < kBlockCount) {
-    if (index != I) return multiply<I + 1>(index, xt, packed, bias, in, first, last, y, out, next);
+  if constexpr (ROWS < kMaxRows) {
+    if (rows != ROWS) return multiply<ROWS + 1>(rows, xt, packed, bias, in, first, last, y, out, next);
   }
-  row_block<kBlocks[I].rows, kBlocks[I].panels>(xt, packed, bias, in, first, last, y, out, next);
+  row_block<ROWS, panels_for(ROWS)>(xt, packed, bias, in, first, last, y, out, next);
 }
 
 // Panels [first, last) are the group being multiplied: which of the next group's lines to prefetch, how fast.
 NextGroup next_group(const float* packed, int64_t in, int64_t first, int64_t last, int64_t panels,
-                     const std::vector<std::pair<int64_t, size_t>>& blocks) {
+                     const std::vector<std::pair<int64_t, int64_t>>& blocks) {
   const int64_t next_last = std::min(panels, 2 * last - first);
   int64_t steps = 0;  // k steps of every tile over this group (row_block: full tiles, then one panel at a time)
   for (const auto& block : blocks) {
-    const int64_t width = kBlocks[block.second].panels;
+    const int64_t width = panels_for(block.second);
     steps += ((last - first) / width + (last - first) % width) * in;
   }
   const int64_t lines = (next_last - last) * in * kWidth * int64_t(sizeof(float)) / 64;
@@ -178,8 +182,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
   const auto blocks = split_rows(rows);
   std::vector<float> xt(rows * in);
   const float* xp = xc.data_ptr<float>();
-  for (const auto& [m, index] : blocks)
-    for (int64_t k = 0, size = kBlocks[index].rows; k < in; ++k)
+  for (const auto& [m, size] : blocks)
+    for (int64_t k = 0; k < in; ++k)
       for (int64_t i = 0; i < size; ++i) xt[m * in + k * size + i] = xp[(m + i) * in + k];
   const float* w = packed.data_ptr<float>();
   const float* b = bias.data_ptr<float>();
@@ -190,8 +194,8 @@ torch::Tensor linear(const torch::Tensor& x, const torch::Tensor& packed, const 
     for (int64_t g = begin; g < end; ++g) {
       const int64_t first = g * group, last = std::min(panels, first + group);
       NextGroup next = next_group(w, in, first, last, panels, blocks);
-      for (const auto& [m, index] : blocks)
-        multiply(index, xt.data() + m * in, w, b, in, first, last, yp + m * out, out, next);
+      for (const auto& [m, size] : blocks)
+        multiply(size, xt.data() + m * in, w, b, in, first, last, yp + m * out, out, next);
     }
   });
   return y;

@@ -146,8 +146,11 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
       const int64_t r = task / groups, g = task % groups, n = length[r * l_row];
       scores.resize(std::min<int64_t>(per, MAX_HEADS) * n);
       where.resize(n);
-      for (int64_t j = 0; j < n; ++j)
-        where[j] = (g * slots + table[r * t_row + j / block_size] * block_size + j % block_size) * dim;
+      // block by block: a division per position cost a tenth of the kernel's time with the pool in cache
+      for (int64_t j = 0, b = 0; j < n; ++b) {
+        const int64_t start = (g * slots + table[r * t_row + b] * block_size) * dim;
+        for (int64_t o = 0; o < block_size && j < n; ++o, ++j) where[j] = start + o * dim;
+      }
       for (int64_t p = 0; p < per; p += MAX_HEADS) {
         const int64_t head = g * per + p;
         kAttend[std::min<int64_t>(per - p, MAX_HEADS) - 1](q + r * q_row + head * q_head, q_head, k, v, where.data(),
