@@ -30,7 +30,7 @@ def compiled_model(path, kernel):
     return model
 
 
-# 1-29 rows pass through every row block (12, 8, 4, 2, 1 with AVX-512; 6, 4, 2, 1 otherwise) and their remainders;
+# 1-29 rows pass through every block size (1-14 rows with AVX-512, 1-6 otherwise) and even splits into 2-3 blocks;
 # 20, 17 and 1 outputs leave the last panel part padding; 7 and 33 inputs are no multiple of a vector.
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (20, 7), (17, 33), (1, 5), (200, 96)])
 def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_features):
