@@ -113,8 +113,8 @@ constexpr int kRegisters = 16;
 #endif
 
 // Panels a block takes at a time, as measured there: one up to 4 rows, where the product waits on memory and one
-// stream per tile reads fastest (1-4 rows 14-15 ms; 16-18 ms with 2, 3 or 6 panels), two above (5-14 rows
-// 17-19 ms; one panel a tile took 31 ms at 5 and 6 rows, 3 and 6 panels a tile were slower at 4-16 rows).
+// stream per tile reads fastest (1-4 rows 14-15 ms; 15-18 ms with 2, 3 or 6 panels), two above (5-14 rows
+// 17-19 ms; one panel a tile took 31 ms at 5 and 6 rows, three were slower at 4, 6 and 16 rows, no faster at 8).
 constexpr int panels_for(int64_t rows) { return rows <= 4 ? 1 : 2; }
 
 // The largest block whose sums, two weight vectors and a broadcast fit the registers: 14 rows with AVX-512, 6 with
