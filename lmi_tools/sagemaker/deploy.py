@@ -144,20 +144,25 @@ def volume(spec: EndpointSpec, host: HostingInstance) -> dict:
     return {}
 
 
-def validate(spec: EndpointSpec) -> None:
-    if not NAME.fullmatch(spec.name):
-        raise UsageError(f"--name {spec.name!r} is not a valid SageMaker name",
+def validate_name_and_role(name: str, role: str, role_needs: str) -> None:
+    """``--name`` and ``--role`` as SageMaker accepts them; ``role_needs`` says what the role must be allowed."""
+    if not NAME.fullmatch(name):
+        raise UsageError(f"--name {name!r} is not a valid SageMaker name",
                          hint="1-63 letters, digits and hyphens, starting with a letter or digit")
-    if not ROLE_ARN.fullmatch(spec.role):
-        raise UsageError(f"--role {spec.role!r} is not an IAM role ARN",
-                         hint="arn:aws:iam::<account>:role/<name>, a role SageMaker may assume with S3 and ECR read")
+    if not ROLE_ARN.fullmatch(role):
+        raise UsageError(f"--role {role!r} is not an IAM role ARN",
+                         hint=f"arn:aws:iam::<account>:role/<name>, {role_needs}")
+
+
+def validate(spec: EndpointSpec) -> None:
+    validate_name_and_role(spec.name, spec.role, "a role SageMaker may assume with S3 and ECR read")
     for option, value, low, high in (("--download-timeout", spec.download_timeout, 60, 3600),
                                      ("--startup-timeout", spec.startup_timeout, 60, 3600),
                                      ("--instance-count", spec.instance_count, 1, 1000),
                                      ("--volume-size", spec.volume_size, 1, 512)):
         if value is not None and not low <= value <= high:
             raise UsageError(f"{option} {value} is out of range", hint=f"allowed: {low} to {high}")
-    _validate_environment(spec.environment)
+    validate_environment(spec.environment)
     scaling = spec.autoscaling
     if scaling:
         scaling.validate()
@@ -166,7 +171,7 @@ def validate(spec: EndpointSpec) -> None:
                              f"{scaling.minimum}:{scaling.maximum}", hint="start within the bounds autoscaling keeps")
 
 
-def _validate_environment(environment: Mapping[str, str]) -> None:
+def validate_environment(environment: Mapping[str, str]) -> None:
     leaked = sorted(AWS_CREDENTIAL_ENV & set(environment))
     if leaked:
         raise UsageError(f"--env {leaked[0]}: AWS credentials must not be passed to the container",

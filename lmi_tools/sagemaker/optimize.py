@@ -19,7 +19,7 @@ from typing import Callable, Mapping
 from ..errors import UsageError
 from ..instances import HostingInstance
 from .aws import aws_errors
-from .deploy import NAME, ROLE_ARN, EndpointSpec, _validate_environment
+from .deploy import EndpointSpec, validate_environment, validate_name_and_role
 from .images import resolve_image
 from .polling import StatusCallback, Waitable, wait_for
 from .upload import S3Uri
@@ -121,12 +121,7 @@ def _prefix(uri: str, option: str) -> S3Uri:
 
 
 def _validate(spec: OptimizationSpec) -> None:
-    if not NAME.fullmatch(spec.name):
-        raise UsageError(f"--name {spec.name!r} is not a valid SageMaker name",
-                         hint="1-63 letters, digits and hyphens, starting with a letter or digit")
-    if not ROLE_ARN.fullmatch(spec.role):
-        raise UsageError(f"--role {spec.role!r} is not an IAM role ARN",
-                         hint="arn:aws:iam::<account>:role/<name>, with S3 read/write and ECR pull")
+    validate_name_and_role(spec.name, spec.role, "with S3 read/write and ECR pull")
     allowed = deployment_instance_types()
     if spec.instance not in allowed:
         families = sorted({name.split(".")[1] for name in allowed})
@@ -151,7 +146,7 @@ def _validate(spec: OptimizationSpec) -> None:
                              f"{ENVIRONMENT_LIMIT}")
         if any(len(key) > 256 or len(value) > 256 for key, value in environment.items()):
             raise UsageError(f"{option}: names and values must be at most 256 characters")
-        _validate_environment(environment)
+        validate_environment(environment)
 
 
 # --- talking to AWS -------------------------------------------------------------------------------
