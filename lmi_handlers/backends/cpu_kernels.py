@@ -9,7 +9,8 @@ where the options put the model elsewhere; ``lmi validate`` applies the same rul
 
 The compiled kernels are C++ beside their modules, built at load by ``torch.utils.cpp_extension`` with the
 machine's compiler and ninja (about 20 s once; torch keeps the build under ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), with the vector flags of the CPU capability torch itself dispatches to.
+``~/.cache/torch_extensions``), with the vector flags of the CPU capability torch itself dispatches to: AVX-512,
+AVX2, or none (``ATEN_CPU_CAPABILITY=avx2`` or ``default`` picks a lower one, as the tests do to check each build).
 """
 
 from __future__ import annotations
@@ -67,8 +68,11 @@ def build(torch: Any, key: str, source: Path) -> Any:
     try:
         from torch.utils.cpp_extension import load
 
-        flags = CAPABILITY_FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])
-        return load(f"lmi_{source.stem}", [str(source)], extra_cflags=["-O3", *flags])
+        capability = torch.backends.cpu.get_cpu_capability()
+        # One build folder per capability: a cache shared by two CPUs (or ATEN_CPU_CAPABILITY set) keeps both builds
+        # instead of rebuilding over each other.
+        return load(f"lmi_{source.stem}_{capability.lower()}", [str(source)],
+                    extra_cflags=["-O3", *CAPABILITY_FLAGS.get(capability, [])])
     except Exception as exc:  # no compiler, no ninja, a failed build: each says so in its message
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise ConfigError(key, "compiled", f"building the kernel failed ({reason}): install a C++ compiler and ninja, "

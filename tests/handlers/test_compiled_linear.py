@@ -49,6 +49,11 @@ def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_featu
         assert torch.all((got.double() - want).abs() <= 1e-6 * scale), (rows, (got.double() - want).abs().max())
 
 
+def test_the_kernel_is_built_for_the_vectors_torch_dispatches_to(kernel):
+    # Floats a register: the build took the flags of torch's capability (AVX-512, AVX2, none).
+    assert kernel.width == {"AVX512": 16, "AVX2": 8}.get(torch.backends.cpu.get_cpu_capability(), 1)
+
+
 def test_greedy_output_equals_generate_on_the_compiled_model_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path,
                                                                                        kernel):
     assert_equals_generate_on_the_same_kernels(tiny_model_dir, tmp_path, "compiled",
