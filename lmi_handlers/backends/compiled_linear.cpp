@@ -117,8 +117,7 @@ constexpr int kRegisters = 16;
 // 17-19 ms; one panel a tile took 31 ms at 5 and 6 rows, three were slower at 4, 6 and 16 rows, no faster at 8).
 constexpr int panels_for(int64_t rows) { return rows <= 4 ? 1 : 2; }
 
-// The largest block whose sums, two weight vectors and a broadcast fit the registers: 14 rows with AVX-512, 6 with
-// AVX2.
+// The largest block that fits with two panels: 14 rows with AVX-512, 6 otherwise.
 constexpr int64_t kMaxRows = (kRegisters - 3) / 2;
 
 // The rows split into as few blocks as fit, of sizes that differ by one at most: (first row, rows) each.
