@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lmi_handlers.backends.hf import cache_keyword  # noqa: E402
+from lmi_handlers.backends.hf.backend import cache_keyword  # noqa: E402
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams  # noqa: E402
 from lmi_handlers.sequence import SequenceState  # noqa: E402
@@ -221,12 +221,12 @@ def chunked(args: argparse.Namespace) -> None:
 
 def projection(args: argparse.Namespace) -> None:
     """The output projection alone and the model's own decode step (forward with its DynamicCache, argmax), each
-    with the stock product and with the vocabulary in slices (``backends/output_projection.py``), interleaved in
+    with the stock product and with the vocabulary in slices (``backends/hf/output_projection.py``), interleaved in
     one process, on the 115M model (8,192 tokens) and SmolLM2 (49,152; converted on first use). The logits of
     both must be identical."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from lmi_handlers.backends.output_projection import sliced_forward
+    from lmi_handlers.backends.hf.output_projection import sliced_forward
     from lmi_tools.models.smollm2 import convert_smollm2
 
     print("\nms, stock / sliced: the projection alone (median of 21 interleaved calls) and a decode step after "
@@ -264,7 +264,7 @@ def projection(args: argparse.Namespace) -> None:
 
 
 def packed(args: argparse.Namespace) -> None:
-    """SmolLM2 engine steps with every chunk packed into one forward (``backends/packed_attention.py``) against
+    """SmolLM2 engine steps with every chunk packed into one forward (``backends/hf/packed_attention.py``) against
     the same chunks run as two forwards, the decodes then the prompt, as the step ran before: same attention
     kernels, same inputs, interleaved in one process. A mixed step is the running streams' decodes plus one
     40-token chat prompt joining (it asks for one token, so the batch keeps its size)."""
@@ -314,8 +314,8 @@ def linear(args: argparse.Namespace) -> None:
     interleaved in one process; how often each chooses the stock model's token and how far its logits are."""
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from lmi_handlers.backends.compiled_linear import build_kernel, compile_linears
-    from lmi_handlers.backends.onednn_linear import prepack_linears
+    from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel, compile_linears
+    from lmi_handlers.backends.hf.cpu.onednn_linear import prepack_linears
     from lmi_tools.models.smollm2 import convert_smollm2
 
     path = convert_smollm2(say=lambda line: None)
@@ -388,8 +388,8 @@ def sampling(args: argparse.Namespace) -> None:
     (what an OpenAI request without sampling fields asks for: drawn in vocabulary order) and rows with a top-p,
     which must sort their logits; the sorted rows are the baseline (every sampled row sorted before). Each with
     glibc's default malloc, then with freed memory kept for reuse as the hf backend sets it on the CPU
-    (``backends/cpu_memory.py``); so ``all`` runs this first, before any backend loads."""
-    from lmi_handlers.backends.cpu_memory import keep_freed_memory
+    (``backends/hf/cpu/memory.py``); so ``all`` runs this first, before any backend loads."""
+    from lmi_handlers.backends.hf.cpu.memory import keep_freed_memory
     from lmi_handlers.backends.sampler import select_tokens
 
     kinds = {"greedy": {"do_sample": False}, "temperature": {"do_sample": True}, "top_p": {"do_sample": True,

@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
-from lmi_handlers.backends.quantize import model_bytes, quantize_weights  # noqa: E402
+from lmi_handlers.backends.hf.quantize import model_bytes, quantize_weights  # noqa: E402
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_tools.bench.metrics import blended_price_3_to_1  # noqa: E402
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
@@ -141,7 +141,7 @@ def measure(args, prompts: dict[str, list[str]], max_len: int) -> list[dict]:
 
 def _without_speculation(technique: str) -> str | None:
     """The technique with the same weights and no speculation (whose greedy text a speculating one must equal)."""
-    from lmi_handlers.backends.speculative import SPECULATIVE_KEYS
+    from lmi_handlers.backends.hf.speculative import SPECULATIVE_KEYS
 
     options = {k: v for k, v in TECHNIQUES[technique].items() if k not in SPECULATIVE_KEYS}
     return next((name for name, other in TECHNIQUES.items() if other == options), None)

@@ -33,10 +33,10 @@ def load_backend(config: HandlerConfig) -> Backend:
             raise ConfigError("backend", config.backend, "the neuronx backend needs transformers-neuronx, which the "
                               "LMI neuronx image has on inf2/trn1 hosts and this machine has not; to run this model "
                               "directory here, set option.backend=hf (or auto)")
-        from .neuronx import NeuronxBackend
+        from .neuronx.backend import NeuronxBackend
 
         return NeuronxBackend(config)
-    from .hf import HFBackend
+    from .hf.backend import HFBackend
 
     return HFBackend(config)
 

@@ -5,7 +5,7 @@ let every endpoint instance load them instead of compiling (shorter start and sc
 directory for the instance first (errors block), then loads it exactly as the container does - the runtime's
 ``NeuronxBackend`` with ``option.compiled_graph_path`` pointing at ``OUTPUT`` inside the model directory -
 which compiles and saves the graphs with the manifest of the settings they were compiled with
-(``lmi_handlers.backends.neuronx_artifacts``). A second load then reuses them and both load times are
+(``lmi_handlers.backends.neuronx.artifacts``). A second load then reuses them and both load times are
 reported. ``serving.properties`` gains ``option.compiled_graph_path=OUTPUT``, so ``lmi package`` and
 ``lmi upload`` carry the artifacts and the container checks the manifest at load: same settings, the graphs
 are loaded; another setting, loading stops naming each setting that differs.
@@ -88,7 +88,7 @@ def compile_model_dir(model_dir: Path, instance: str | None, output: str = "comp
 
 
 def _timed_load(properties: dict) -> float:
-    from lmi_handlers.backends.neuronx import NeuronxBackend
+    from lmi_handlers.backends.neuronx.backend import NeuronxBackend
     from lmi_handlers.config import HandlerConfig
 
     started = time.perf_counter()

@@ -135,9 +135,9 @@ def refused(target: Target, exc: ConfigError) -> Finding:
     """The backend refuses these settings at load (the neuronx planner, the hf quantizer): the model would not load."""
     if target.backend == "hf":
         return Finding("error", "dtype", str(exc), "the hf backend refuses to load with this "
-                       "(lmi_handlers/backends/quantize.py)")
+                       "(lmi_handlers/backends/hf/quantize.py)")
     hint = alternatives(target) if exc.key == "tensor_parallel_degree" else \
-        "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx_options.py)"
+        "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx/options.py)"
     return Finding("error", "neuronx", str(exc), hint)
 
 

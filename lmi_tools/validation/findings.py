@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from lmi_handlers.backends.neuronx_options import CompileSettings
+from lmi_handlers.backends.neuronx.options import CompileSettings
 from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
 
 from ..instances import Instance

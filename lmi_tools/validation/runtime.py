@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
-from lmi_handlers.backends.neuronx_options import CompileSettings, NeuronxOptions, plan_compile
+from lmi_handlers.backends.neuronx.options import CompileSettings, NeuronxOptions, plan_compile
 from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
 
 
@@ -50,14 +50,14 @@ def backend_option_keys(backend: str) -> frozenset[str]:
         from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
 
         return frozenset(ScriptedBackend.option_keys)
-    from lmi_handlers.backends.hf import HFBackend  # torch and transformers are imported only at load
+    from lmi_handlers.backends.hf.backend import HFBackend  # torch and transformers are imported only at load
 
     return frozenset(HFBackend.option_keys)
 
 
 def hf_quantize(props: Mapping[str, str]) -> str | None:
     """The hf backend's weight quantization method for ``option.quantize``, as it reads it; raises ``ConfigError``."""
-    from lmi_handlers.backends.quantize import parse_method
+    from lmi_handlers.backends.hf.quantize import parse_method
 
     return parse_method(props.get("quantize"))
 
@@ -65,7 +65,7 @@ def hf_quantize(props: Mapping[str, str]) -> str | None:
 def hf_speculation(props: Mapping[str, str], model_id: str) -> None:
     """The hf backend's speculative-decoding options as it reads them before load, and, where the target and the
     draft are directories here, its tokenizer comparison; raises ``ConfigError``."""
-    from lmi_handlers.backends.speculative import check_draft_tokenizer, load_draft_tokenizer, parse_options
+    from lmi_handlers.backends.hf.speculative import check_draft_tokenizer, load_draft_tokenizer, parse_options
 
     options = parse_options(props)
     if options is None or options.draft is None or not Path(model_id).is_dir() or not Path(options.draft).is_dir():

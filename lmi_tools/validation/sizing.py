@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmi_handlers.backends.neuronx_options import SERIAL_TYPES
+from lmi_handlers.backends.neuronx.options import SERIAL_TYPES
 
 from ..models.architecture import Architecture
 

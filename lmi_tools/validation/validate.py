@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmi_handlers.backends.neuronx_options import CompileSettings
-from lmi_handlers.backends.cpu_kernels import check_target, parse_kernels
+from lmi_handlers.backends.neuronx.options import CompileSettings
+from lmi_handlers.backends.hf.cpu.kernels import check_target, parse_kernels
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup

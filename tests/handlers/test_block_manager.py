@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmi_handlers.backends.paged_cache import BlockManager, PoolPlan, plan_pool
+from lmi_handlers.backends.hf.paged_cache import BlockManager, PoolPlan, plan_pool
 from lmi_handlers.config import ConfigError
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from lmi_handlers.sequence import SequenceState

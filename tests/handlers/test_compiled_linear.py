@@ -17,13 +17,13 @@ pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ comp
 
 @pytest.fixture(scope="module")
 def kernel():
-    from lmi_handlers.backends.compiled_linear import build_kernel
+    from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel
 
     return build_kernel(torch)
 
 
 def compiled_model(path, kernel):
-    from lmi_handlers.backends.compiled_linear import compile_linears
+    from lmi_handlers.backends.hf.cpu.compiled_linear import compile_linears
 
     model = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
     assert compile_linears(torch, kernel, model) == sum(type(m) is torch.nn.Linear for m in model.modules()) > 0
@@ -34,7 +34,7 @@ def compiled_model(path, kernel):
 # 20, 17 and 1 outputs leave the last panel part padding; 7 and 33 inputs are no multiple of a vector.
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (20, 7), (17, 33), (1, 5), (200, 96)])
 def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_features):
-    from lmi_handlers.backends.compiled_linear import compile_linears
+    from lmi_handlers.backends.hf.cpu.compiled_linear import compile_linears
 
     generator = torch.Generator().manual_seed(out_features)
     layer = torch.nn.Linear(in_features, out_features)
@@ -61,7 +61,7 @@ def test_greedy_output_equals_generate_on_the_compiled_model_alone_and_in_a_busy
 
 
 def test_a_model_that_is_not_float32_on_the_cpu_is_refused_naming_the_option(tiny_model_dir, kernel):
-    from lmi_handlers.backends.compiled_linear import compile_linears
+    from lmi_handlers.backends.hf.cpu.compiled_linear import compile_linears
 
     half = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval().to(torch.bfloat16)
     with pytest.raises(ConfigError, match="cpu_linear_kernel.*compiled.*float32.*bfloat16"):

@@ -81,7 +81,7 @@ def test_callables_from_the_engine_are_ignored(tmp_path):
 def test_cuda_without_a_visible_device_is_a_config_error():
     from types import SimpleNamespace
 
-    from lmi_handlers.backends.hf import resolve_device
+    from lmi_handlers.backends.hf.backend import resolve_device
 
     no_gpu = SimpleNamespace(cuda=SimpleNamespace(is_available=lambda: False))
     with pytest.raises(ConfigError, match="option.device='cuda' is invalid: no CUDA device is visible"):

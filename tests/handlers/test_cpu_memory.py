@@ -1,4 +1,4 @@
-"""Memory for the hf backend on the CPU (``backends/cpu_memory.py``): glibc's malloc keeps freed memory for reuse,
+"""Memory for the hf backend on the CPU (``backends/hf/cpu/memory.py``): glibc's malloc keeps freed memory for reuse,
 and ``huge_page_empty`` (the compiled linear kernel's packed weights) is backed by huge pages."""
 
 import re
@@ -22,7 +22,8 @@ def huge_kilobytes_at(address):
 
 
 def test_on_the_cpu_the_backend_keeps_freed_memory_for_reuse(tiny_model_dir, tmp_path, monkeypatch):
-    from lmi_handlers.backends import cpu_memory, hf
+    from lmi_handlers.backends.hf import backend as hf
+    from lmi_handlers.backends.hf.cpu import memory as cpu_memory
 
     from .test_hf_backend import loaded
 
@@ -34,7 +35,7 @@ def test_on_the_cpu_the_backend_keeps_freed_memory_for_reuse(tiny_model_dir, tmp
 
 
 def test_a_huge_page_buffer_is_aligned_writable_and_kept_alive_by_its_tensor():
-    from lmi_handlers.backends.cpu_memory import HUGE_PAGE, huge_page_empty
+    from lmi_handlers.backends.hf.cpu.memory import HUGE_PAGE, huge_page_empty
 
     pool = huge_page_empty(torch, (3, 1000, 64), torch.bfloat16)
     assert pool.shape == (3, 1000, 64) and pool.dtype == torch.bfloat16 and pool.data_ptr() % HUGE_PAGE == 0
@@ -47,7 +48,7 @@ def test_a_huge_page_buffer_is_aligned_writable_and_kept_alive_by_its_tensor():
 
 @pytest.mark.skipif(not THP.exists() or "[never]" in THP.read_text(), reason="this kernel offers no huge pages")
 def test_a_huge_page_buffer_is_backed_by_huge_pages_once_written():
-    from lmi_handlers.backends.cpu_memory import huge_page_empty
+    from lmi_handlers.backends.hf.cpu.memory import huge_page_empty
 
     weights = huge_page_empty(torch, (4 << 20,), torch.float32)  # 16 MB
     weights.fill_(1.0)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ comp
 
 @pytest.fixture(scope="module")
 def kernel():
-    from lmi_handlers.backends.decode_attention import build_kernel
+    from lmi_handlers.backends.hf.cpu.decode_attention import build_kernel
 
     return build_kernel(torch)
 

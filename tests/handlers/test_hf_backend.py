@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from lmi_handlers.backends.hf import HFTokenizer
+from lmi_handlers.backends.hf.backend import HFTokenizer
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, batch_input, init_input, request_input
 

@@ -54,8 +54,8 @@ def test_runtime_never_imports_tooling_and_only_djl_py_imports_djl_python(path):
 
 
 def test_importing_the_entry_point_loads_no_third_party_module():
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); import lmi_handlers.entrypoint, lmi_handlers.backends.hf, "
-            "lmi_handlers.backends.sampler, lmi_handlers.backends.paged_cache; third = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import lmi_handlers.entrypoint, lmi_handlers.backends.hf.backend, "
+            "lmi_handlers.backends.sampler, lmi_handlers.backends.hf.paged_cache; third = {m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)"
             " - {'lmi_handlers', '__main__', '_distutils_hack', 'sitecustomize'}; "
             # pip's editable-install finder is installation machinery, not an import of ours
             "print(sorted(m for m in third if not m.startswith('__editable__')))")

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lmi_handlers.backends.neuronx_artifacts import MANIFEST
+from lmi_handlers.backends.neuronx.artifacts import MANIFEST
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import init_input
 from .neuronx_support import PROMPTS, ask, load

@@ -131,8 +131,8 @@ def test_tp_beyond_the_visible_cores_fails_at_load(neuronx_standin, tiny_arch, m
 
 def test_library_refusal_names_the_class_and_arguments(neuronx_standin, tiny_arch):
     """BLOOM (alibi) has no position limit we check; the library refuses an unknown argument itself."""
-    from lmi_handlers.backends.neuronx import load_model
-    from lmi_handlers.backends.neuronx_options import CompileSettings
+    from lmi_handlers.backends.neuronx.backend import load_model
+    from lmi_handlers.backends.neuronx.options import CompileSettings
     from lmi_handlers.errors import BackendError
 
     settings = CompileSettings(model_type="bloom", model_class="OPTForSampling", batch_size=1, tp_degree=2,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lmi_handlers.backends.neuronx_options import NeuronxOptions, plan_compile, visible_cores
+from lmi_handlers.backends.neuronx.options import NeuronxOptions, plan_compile, visible_cores
 from lmi_handlers.config import HandlerConfig
 from lmi_handlers.errors import ConfigError
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from lmi_handlers.backends.onednn_linear import prepack_linears
+from lmi_handlers.backends.hf.cpu.onednn_linear import prepack_linears
 from lmi_handlers.config import ConfigError
 
 from .test_hf_backend import loaded

@@ -1,4 +1,4 @@
-"""The output projection in vocabulary slices (``backends/output_projection.py``): the same logits bit for bit,
+"""The output projection in vocabulary slices (``backends/hf/output_projection.py``): the same logits bit for bit,
 greedy output still equal to ``model.generate`` in a busy batch, and the stock product wherever slicing gains
 nothing or would not be exact."""
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from lmi_handlers.backends import output_projection
-from lmi_handlers.backends.output_projection import split_output_projection
+from lmi_handlers.backends.hf import output_projection
+from lmi_handlers.backends.hf.output_projection import split_output_projection
 
 from .test_hf_backend import loaded
 from .test_paged_engine import assert_exact, prompts, run

@@ -234,7 +234,7 @@ def test_a_sequence_driven_past_the_models_positions_does_not_fail_the_step(mode
 def test_decode_rows_attending_in_groups_give_the_same_answers(model_dir, tmp_path, generate, monkeypatch):
     # On the CPU big decode batches attend a few rows at a time (packed_attention.DECODE_GATHER_BYTES); the tiny
     # model's rows are small enough for one group, so force one row per group.
-    from lmi_handlers.backends import packed_attention
+    from lmi_handlers.backends.hf import packed_attention
 
     handler = loaded(model_dir, tmp_path, rolling_batch="scheduler", block_size=4)
     if not handler.backend.runner.packed:

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from lmi_handlers.backends.quantize import GEMM_ROWS, model_bytes, parse_method, quantize_weights
+from lmi_handlers.backends.hf.quantize import GEMM_ROWS, model_bytes, parse_method, quantize_weights
 from lmi_handlers.errors import ConfigError
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input

@@ -13,7 +13,7 @@ import random
 
 import pytest
 
-from lmi_handlers.backends.speculative import (NGRAM, ForwardCost, Proposal, Speculator, SpeculativeOptions,
+from lmi_handlers.backends.hf.speculative import (NGRAM, ForwardCost, Proposal, Speculator, SpeculativeOptions,
                                                _Track, expected_tokens, ngram_proposal, parse_options)
 from lmi_handlers.errors import ConfigError
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lmi_handlers.backends.hf import HFBackend
-from lmi_handlers.backends.neuronx_options import NeuronxOptions, plan_compile
-from lmi_handlers.backends.quantize import parse_method
-from lmi_handlers.backends.speculative import parse_options
+from lmi_handlers.backends.hf.backend import HFBackend
+from lmi_handlers.backends.neuronx.options import NeuronxOptions, plan_compile
+from lmi_handlers.backends.hf.quantize import parse_method
+from lmi_handlers.backends.hf.speculative import parse_options
 from lmi_handlers.backends.scripted import ScriptedBackend
 from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
 from lmi_tools.instances import INSTANCES, Instance

@@ -58,7 +58,7 @@ def test_templates_presets_and_configs_are_in_the_wheel(wheel):
 def test_every_module_is_in_the_wheel(wheel):
     names = wheel_names(wheel)
     for package in ("lmi_handlers", "lmi_tools"):
-        for pattern in ("*.py", "*.cpp"):  # the C++ kernels are built at load (cpu_kernels.py)
+        for pattern in ("*.py", "*.cpp"):  # the C++ kernels are built at load (hf/cpu/kernels.py)
             for module in (ROOT / package).rglob(pattern):
                 if "__pycache__" not in module.parts:
                     assert module.relative_to(ROOT).as_posix() in names

@@ -160,8 +160,8 @@ def test_sampling_with_a_seed_is_reproducible(handler):
 @pytest.mark.parametrize("linear,attention", [("onednn", "torch"), ("onednn", "compiled"), ("compiled", "compiled")])
 def test_with_cpu_kernels_answers_stay_right_and_equal_generate_on_the_same_kernels(smollm2_dir, tmp_path, linear,
                                                                                    attention):
-    from lmi_handlers.backends.compiled_linear import build_kernel, compile_linears
-    from lmi_handlers.backends.onednn_linear import prepack_linears
+    from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel, compile_linears
+    from lmi_handlers.backends.hf.cpu.onednn_linear import prepack_linears
 
     if linear == "onednn" and not torch.backends.mkldnn.is_available():
         pytest.skip("this torch has no oneDNN")

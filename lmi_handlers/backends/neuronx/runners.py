@@ -22,8 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..sequence import SequenceState
-from .sampler import select_tokens
+from ...sequence import SequenceState
+from ..sampler import select_tokens
 
 
 class _Slots:

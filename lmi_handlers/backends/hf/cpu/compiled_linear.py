@@ -10,8 +10,8 @@ with software prefetch, and holds each tile's sums in vector registers: SmolLM2'
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock
 ones stay: tied embeddings and the load checks read them), all in one buffer on 2 MB pages
-(``cpu_memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). Float32 on the
-CPU only, built at load (``cpu_kernels.build``). torch is passed in by the backend; nothing here runs at import
+(``memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). Float32 on the
+CPU only, built at load (``kernels.build``). torch is passed in by the backend; nothing here runs at import
 time.
 """
 
@@ -21,8 +21,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .cpu_kernels import build, float32_cpu_linears
-from .cpu_memory import huge_page_empty
+from .kernels import build, float32_cpu_linears
+from .memory import huge_page_empty
 
 SOURCE = Path(__file__).with_name("compiled_linear.cpp")
 
@@ -38,7 +38,7 @@ def compile_linears(torch: Any, kernel: Any, model: Any) -> int:
     the model is not float32 on the CPU."""
     layers = float32_cpu_linears(torch, model, "cpu_linear_kernel", "compiled")
     shapes = [(-(-layer.out_features // kernel.width), layer.in_features, kernel.width) for layer in layers]
-    # One buffer on huge pages for every packed weight: a step streams all of them (cpu_memory.huge_page_empty).
+    # One buffer on huge pages for every packed weight: a step streams all of them (memory.huge_page_empty).
     arena = huge_page_empty(torch, (sum(math.prod(shape) for shape in shapes),), torch.float32)
     offset = 0
     for layer, shape in zip(layers, shapes):

@@ -1,15 +1,15 @@
 """The Inferentia2 backend: transformers-neuronx models compiled for NeuronCores.
 
 Load: the options (DJL's property names) are resolved against the model's ``config.json`` into
-``CompileSettings`` (``neuronx_options``), which pick the class for the ``model_type`` and its
+``CompileSettings`` (``options``), which pick the class for the ``model_type`` and its
 constructor arguments: ``batch_size`` (``max_rolling_batch_size`` in rolling mode), ``tp_degree``,
 ``amp`` from ``dtype``, ``n_positions``, ``context_length_estimate`` and a ``NeuronConfig``
 (continuous batching, GQA sharding, int8 weights, layouts). The class loads the HF safetensors
 checkpoint itself (``from_pretrained(model_dir)``), ``to_neuron()`` compiles - or takes the
-artifacts of ``compiled_graph_path`` when their settings match (``neuronx_artifacts``) - and a
+artifacts of ``compiled_graph_path`` when their settings match (``artifacts``) - and a
 short warm-up runs both the prefill and the decode graphs before the first request.
 
-Serving: ``step`` hands over to a runner (``neuronx_runners``): continuous batching with per-slot
+Serving: ``step`` hands over to a runner (``runners``): continuous batching with per-slot
 ``cache_ids`` and slot ids in ``start_ids`` for Llama/Mistral, the naive static strategy for the
 others. Tokens are chosen on the host with ``sampler.select_tokens``, like the hf backend.
 
@@ -26,15 +26,15 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..config import NEURONX_KEYS, HandlerConfig
-from ..errors import BackendError
-from ..request import GenerationRequest, SamplingParams, Schema, StoppingParams
-from ..sequence import Chunk, SequenceState
-from .base import split_batch
-from .hf import HFTokenizer
-from .neuronx_artifacts import ArtifactStore
-from .neuronx_options import CompileSettings, NeuronxOptions, plan_compile
-from .neuronx_runners import ContinuousRunner, NaiveRunner
+from ...config import NEURONX_KEYS, HandlerConfig
+from ...errors import BackendError
+from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
+from ...sequence import Chunk, SequenceState
+from ..base import split_batch
+from ..hf.tokenizer import HFTokenizer
+from .artifacts import ArtifactStore
+from .options import CompileSettings, NeuronxOptions, plan_compile
+from .runners import ContinuousRunner, NaiveRunner
 
 logger = logging.getLogger(__name__)
 

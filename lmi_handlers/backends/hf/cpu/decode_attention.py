@@ -8,7 +8,7 @@ values prefetched: on this project's AMD EPYC, one thread, SmolLM2 engine decode
 1.09x faster at one row, 1.21x at 16, 1.27-1.50x at 64 (``benchmarks/engine.py kernels``). The sums run in
 another order, so outputs differ from torch's by about 1e-7; greedy output equals ``model.generate`` (tests).
 
-It is C++ (``cpu_kernels.build``), because torch has no operator that attends over a block table. Float32 on
+It is C++ (``kernels.build``), because torch has no operator that attends over a block table. Float32 on
 the CPU only. torch is passed in by the backend; nothing here runs at import time.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .cpu_kernels import build
+from .kernels import build
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..config import ConfigError, parse_choice
+from ....config import ConfigError, parse_choice
 
 OPTIONS = {"cpu_linear_kernel": ("stock", "onednn", "compiled"), "cpu_attention_kernel": ("torch", "compiled")}
 # The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 METHODS = ("static_int8",)
 #: From this many rows (prompt tokens of a prefill, or sequences of a decode batch) an int8 layer dequantizes into

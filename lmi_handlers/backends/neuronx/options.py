@@ -13,8 +13,8 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
-from ..config import HandlerConfig, parse_bool, parse_choice, parse_int
-from ..errors import ConfigError
+from ...config import HandlerConfig, parse_bool, parse_choice, parse_int
+from ...errors import ConfigError
 
 #: HF ``model_type`` -> transformers-neuronx class (the library's own auto-class mapping).
 MODEL_CLASSES = {

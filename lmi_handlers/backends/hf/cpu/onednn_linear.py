@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..config import ConfigError
-from .cpu_kernels import float32_cpu_linears
+from ....config import ConfigError
+from .kernels import float32_cpu_linears
 
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
 

@@ -29,8 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import ConfigError, parse_bool, parse_float, parse_int
-from ..sequence import SequenceState
+from ...config import ConfigError, parse_bool, parse_float, parse_int
+from ...sequence import SequenceState
 from .prefix_cache import ROOT, PrefixCache, block_key
 
 POOL_KEYS = frozenset({"block_size", "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",

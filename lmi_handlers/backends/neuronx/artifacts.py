@@ -25,8 +25,8 @@ import tempfile
 from importlib import metadata
 from typing import Any
 
-from ..errors import ConfigError
-from .neuronx_options import CompileSettings
+from ...errors import ConfigError
+from .options import CompileSettings
 
 logger = logging.getLogger(__name__)
 

@@ -27,74 +27,26 @@ from array import array
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..config import ConfigError, HandlerConfig
-from ..errors import InvalidRequest
-from ..sequence import Chunk, SequenceState
-from .base import split_batch
-from .compiled_linear import build_kernel as build_linear_kernel
-from .compiled_linear import compile_linears
-from .cpu_kernels import OPTIONS as CPU_KERNEL_KEYS
-from .cpu_kernels import check_target, parse_kernels
-from .cpu_memory import keep_freed_memory
-from .decode_attention import build_kernel, decode_reader
-from .onednn_linear import prepack_linears
+from ...config import ConfigError, HandlerConfig
+from ...sequence import Chunk, SequenceState
+from ..base import split_batch
+from .cpu.compiled_linear import build_kernel as build_linear_kernel
+from .cpu.compiled_linear import compile_linears
+from .cpu.kernels import OPTIONS as CPU_KERNEL_KEYS
+from .cpu.kernels import check_target, parse_kernels
+from .cpu.memory import keep_freed_memory
+from .cpu.decode_attention import build_kernel, decode_reader
+from .cpu.onednn_linear import prepack_linears
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
-from .sampler import select_tokens
+from ..sampler import select_tokens
+from .tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
                           load_draft_tokenizer, parse_options)
 
 logger = logging.getLogger(__name__)
-
-
-class HFTokenizer:
-    """The small tokenizer surface the runtime needs, over a transformers tokenizer."""
-
-    def __init__(self, tokenizer: Any, generation_config: Any = None):
-        self.hf = tokenizer
-        eos = set()
-        for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
-            if isinstance(source, int):
-                eos.add(source)
-            elif source:
-                eos.update(int(i) for i in source)
-        self.eos_ids = frozenset(eos)
-        self.special_ids = frozenset(tokenizer.all_special_ids)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
-        self._rust_decode = _plain_fast_decode(tokenizer)
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf(text, add_special_tokens=True)["input_ids"])
-
-    def decode(self, ids: Sequence[int]) -> str:
-        if self._rust_decode is not None:
-            return self._rust_decode(list(ids), skip_special_tokens=True)
-        return self.hf.decode(list(ids), skip_special_tokens=True)
-
-    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        if not getattr(self.hf, "chat_template", None):
-            raise InvalidRequest("messages: this model's tokenizer has no chat template; send the LMI schema "
-                                 '({"inputs": ...}) instead', field="messages")
-        return self.hf.apply_chat_template([{"role": r, "content": c} for r, c in messages],
-                                           tokenize=False, add_generation_prompt=True)
-
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        return list(self.hf(self.render_chat(messages), add_special_tokens=False)["input_ids"])
-
-
-def _plain_fast_decode(tokenizer: Any) -> Any:
-    """The Rust tokenizer's own ``decode`` where transformers' ``decode`` would return exactly its text (a fast
-    tokenizer that neither overrides decoding nor cleans up spaces), else None. Incremental detokenization
-    decodes twice per token and sequence; the Python wrapper around it cost about 3/4 of that time."""
-    from transformers import PreTrainedTokenizerFast
-    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
-
-    kind = type(tokenizer)
-    plain = isinstance(tokenizer, PreTrainedTokenizerFast) and kind._decode is PreTrainedTokenizerFast._decode \
-        and kind.decode is PreTrainedTokenizerBase.decode and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
-    return tokenizer._tokenizer.decode if plain else None
 
 
 def _version(module: Any) -> tuple[int, int]:
@@ -582,7 +534,7 @@ class PagedRunner:
     def agrees_with(self, native: NativeRunner) -> bool:
         """Two prompts of different lengths, the longer prefilled in two chunks, then decoded twice, against
         the model's own cache one prompt at a time."""
-        from ..request import GenerationRequest, SamplingParams, Schema, StoppingParams
+        from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 
         vocab = int(self.backend.model.get_input_embeddings().weight.shape[0])
         prompts = [[(7 * i + 3) % vocab for i in range(1, 9)], [(11 * i + 5) % vocab for i in range(1, 5)]]

@@ -38,10 +38,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from ..config import ConfigError, parse_int
-from ..sequence import Chunk, SequenceState
+from ...config import ConfigError, parse_int
+from ...sequence import Chunk, SequenceState
 from .quantize import parse_method
-from .sampler import distribution, draw, uniform
+from ..sampler import distribution, draw, uniform
 
 logger = logging.getLogger(__name__)
 
@@ -202,7 +202,7 @@ class ForwardCost:
 
 def measure_cost(runner: Any, torch: Any, tokens: int = 24, repeats: int = 3) -> ForwardCost:
     """Time a 1-token and a ``tokens``-token forward of ``runner`` (a ``PagedRunner``) on a probe sequence."""
-    from ..request import GenerationRequest, SamplingParams, Schema, StoppingParams
+    from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 
     request = GenerationRequest(Schema.LMI, "probe", SamplingParams(), StoppingParams(max_new_tokens=1))
     seq = SequenceState(request, [(7 * i + 3) % 100 + 1 for i in range(2 * tokens)], decode=lambda ids: "")

@@ -1,0 +1,55 @@
+"""The transformers tokenizer behind the runtime's small ``Tokenizer`` surface (``backends/base.py``)."""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from ...errors import InvalidRequest
+
+
+class HFTokenizer:
+    """The small tokenizer surface the runtime needs, over a transformers tokenizer."""
+
+    def __init__(self, tokenizer: Any, generation_config: Any = None):
+        self.hf = tokenizer
+        eos = set()
+        for source in (getattr(generation_config, "eos_token_id", None), tokenizer.eos_token_id):
+            if isinstance(source, int):
+                eos.add(source)
+            elif source:
+                eos.update(int(i) for i in source)
+        self.eos_ids = frozenset(eos)
+        self.special_ids = frozenset(tokenizer.all_special_ids)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(eos, default=0)
+        self._rust_decode = _plain_fast_decode(tokenizer)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self._rust_decode is not None:
+            return self._rust_decode(list(ids), skip_special_tokens=True)
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
+        if not getattr(self.hf, "chat_template", None):
+            raise InvalidRequest("messages: this model's tokenizer has no chat template; send the LMI schema "
+                                 '({"inputs": ...}) instead', field="messages")
+        return self.hf.apply_chat_template([{"role": r, "content": c} for r, c in messages],
+                                           tokenize=False, add_generation_prompt=True)
+
+    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
+        return list(self.hf(self.render_chat(messages), add_special_tokens=False)["input_ids"])
+
+
+def _plain_fast_decode(tokenizer: Any) -> Any:
+    """The Rust tokenizer's own ``decode`` where transformers' ``decode`` would return exactly its text (a fast
+    tokenizer that neither overrides decoding nor cleans up spaces), else None. Incremental detokenization
+    decodes twice per token and sequence; the Python wrapper around it cost about 3/4 of that time."""
+    from transformers import PreTrainedTokenizerFast
+    from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+    kind = type(tokenizer)
+    plain = isinstance(tokenizer, PreTrainedTokenizerFast) and kind._decode is PreTrainedTokenizerFast._decode \
+        and kind.decode is PreTrainedTokenizerBase.decode and not getattr(tokenizer, "clean_up_tokenization_spaces", True)
+    return tokenizer._tokenizer.decode if plain else None
