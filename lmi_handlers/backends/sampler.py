@@ -4,8 +4,9 @@ Every row may ask for something different (greedy or sampled, temperature, top-k
 penalty, seed), as in TGI's heterogeneous batches; each setting is applied as a tensor over the rows that
 use it, in transformers' order (repetition penalty, temperature, top-k, top-p), with no loop over rows.
 
-* Over large batches (``BLOCKWISE_FROM`` logits) the argmax and the draws go block by block: a vectorized max
-  or sum per 64 logits, then inside the one block that holds the answer.
+* Over large batches on the CPU (``BLOCKWISE_FROM`` logits) the argmax and the draws go block by block: a
+  vectorized max or sum per 64 logits, then inside the one block that holds the answer. On a GPU torch's own
+  argmax and cumsum are one kernel each and stay.
 * A temperature-1 row without penalty draws from the exp(logit - max) the log probabilities need anyway.
 * Repetition penalty reads a per-sequence bit set of the tokens seen so far (``[vocab]`` booleans, built
   once from the prompt and updated with each chosen token), not the history rebuilt every step.
@@ -124,11 +125,16 @@ def _take(torch: Any, x: Any, rows: list[int]) -> Any:
     return x if rows == list(range(x.shape[0])) else x[torch.tensor(rows, device=x.device)]
 
 
-# Over this many logits a batch's argmax and draws go block by block: a max or sum per BLOCK logits, then inside
-# the one block that holds the answer. torch's max with indices and its cumsum run one element at a time, 4x and
-# 6x slower than its vectorized amax and sum on 16 rows of SmolLM2's 49,152 logits; below it their few calls win.
+# Over this many logits on the CPU a batch's argmax and draws go block by block: a max or sum per BLOCK logits, then
+# inside the one block that holds the answer. torch's CPU max with indices and its cumsum run one element at a time,
+# 4x and 6x slower than its vectorized amax and sum on 16 rows of SmolLM2's 49,152 logits; below it their few calls
+# win. A GPU runs each as one kernel: there the blocks would only add kernel launches.
 BLOCK = 64
 BLOCKWISE_FROM = 1 << 16
+
+
+def _blockwise(x: Any) -> bool:
+    return x.device.type == "cpu" and x.numel() >= BLOCKWISE_FROM
 
 
 def _per_block(torch: Any, x: Any, reduce: Any) -> Any:
@@ -147,7 +153,7 @@ def _block_columns(torch: Any, block: Any, vocab: int) -> tuple[Any, Any]:
 
 def _argmax(torch: Any, scores: Any) -> Any:
     """Each row's first largest column, as ``scores.argmax(dim=-1)``."""
-    if scores.numel() < BLOCKWISE_FROM:
+    if not _blockwise(scores):
         return scores.argmax(dim=-1)
     block = _per_block(torch, scores, torch.amax).argmax(dim=-1)  # the first block holding the maximum
     columns, _ = _block_columns(torch, block, scores.shape[-1])  # a clamped column repeats the last one, after it
@@ -158,7 +164,7 @@ def _draw(torch: Any, weights: Any, uniforms: Any) -> Any:
     """One column per row of ``weights`` ([rows, vocab], not negative, any positive sum), each with probability its
     share of the row, by inverse CDF at ``uniforms`` ([rows], in [0, 1)); a column of weight 0 is never drawn."""
     vocab = weights.shape[-1]
-    if weights.numel() < BLOCKWISE_FROM:
+    if not _blockwise(weights):
         cumulative = weights.cumsum(dim=-1)
         point = uniforms[:, None] * cumulative[:, -1:]
         return torch.searchsorted(cumulative, point, right=True)[:, 0].clamp(max=vocab - 1)

@@ -562,10 +562,16 @@ class PagedRunner:
                     got.append(self._forward([Chunk(s, s.length - 1, s.generated[-1:]) for s in seqs]))
             finally:
                 self.reset()
+        # A wrong position, mask or slot moves logits by about their own size. Rounding moves them by a share of the
+        # largest that grows with the depth and the dtype's precision: bf16 keeps 8 bits, and over 8 layers of width
+        # 1024 the two paths already part by 1.2% of it, so 16-bit types get 16 of their epsilons (bf16: 12.5%).
+        relative = max(0.02, 16 * self.torch.finfo(self.attend.dtype).eps)
+        worst = 0.0  # the largest logit difference, as a share of the one allowed
         for step, rows in enumerate(got):
             for i, row in enumerate(rows):
                 want = expected[i][step]
-                tolerance = 1e-3 + 0.02 * float(want.abs().max())
-                if float((row - want).abs().max()) > tolerance:
-                    return False
-        return True
+                allowed = 1e-3 + relative * float(want.abs().max())
+                worst = max(worst, float((row - want).abs().max()) / allowed)
+        logger.info("paged KV cache self-check: largest logit difference from the model's own cache %.2f of the "
+                    "allowed", worst)
+        return worst <= 1.0
