@@ -146,6 +146,9 @@ class HFBackend:
         multi_gpu = device == "cuda" and (config.tensor_parallel_degree or torch.cuda.device_count()) > 1
         if multi_gpu:
             kwargs["device_map"] = "auto"  # layers spread over the visible GPUs (needs accelerate)
+        elif device == "cuda" and _version(transformers) >= (5, 0):
+            # Straight onto the GPU: no copy of the weights in host memory first (transformers 4 needs accelerate).
+            kwargs["device_map"] = device
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
