@@ -148,7 +148,8 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return at if at is not None or len(a) == len(b) else min(len(a), len(b))
 
 
-def explain(model, prompt: list[int], ours: list[int], theirs: list[int], at: int, device: str) -> str:
+def explain(model, prompt: list[int], ours: list[int], theirs: list[int], at: int, device: str,
+            names: tuple[str, str]) -> str:
     """How an uncached forward of prompt + the common prefix scores the two tokens chosen at ``at``."""
     if at >= min(len(ours), len(theirs)):
         return f"lengths differ ({len(ours)} vs {len(theirs)})"
@@ -157,18 +158,19 @@ def explain(model, prompt: list[int], ours: list[int], theirs: list[int], at: in
     top = logits.topk(2)
     a, b = float(logits[ours[at]]), float(logits[theirs[at]])
     step = torch.finfo(model.dtype).eps * 2 ** math.floor(math.log2(max(abs(a), 1e-30)))  # the dtype's step there
-    return (f"token {at}: handler {ours[at]} ({a:.4f}), generate {theirs[at]} ({b:.4f}), gap {abs(a - b):.4f} = "
+    return (f"token {at}: {names[0]} {ours[at]} ({a:.4f}), {names[1]} {theirs[at]} ({b:.4f}), gap {abs(a - b):.4f} = "
             f"{abs(a - b) / step:.0f} {str(model.dtype).split('.')[-1]} steps; an uncached forward picks "
             f"{int(top.indices[0])}, its top-2 gap {float(top.values[0] - top.values[1]):.4f}")
 
 
 def compare(name: str, model, prompts: list[list[int]], ours: list[list[int]], theirs: list[list[int]],
-            device: str) -> int:
+            device: str, names: tuple[str, str] = ("handler", "generate")) -> int:
     """Print how many answers are equal and, for each that is not, where and why; returns the mismatches."""
     mismatches = [(i, first_divergence(a, b)) for i, (a, b) in enumerate(zip(ours, theirs)) if a != b]
     print(f"  {name}: {len(ours) - len(mismatches)}/{len(ours)} equal", flush=True)
     for i, at in mismatches[:8]:
-        print(f"    MISMATCH request {i}: {explain(model, prompts[i], ours[i], theirs[i], at, device)}", flush=True)
+        why = explain(model, prompts[i], ours[i], theirs[i], at, device, names)
+        print(f"    MISMATCH request {i}: {why}", flush=True)
     if len(mismatches) > 8:
         print(f"    ... and {len(mismatches) - 8} more; first divergences at "
               f"{sorted(at for _, at in mismatches[8:])}", flush=True)
@@ -252,7 +254,7 @@ def main() -> int:
                 failures += compare(f"handler in a batch of {c} vs generate's static batch of {c}", model, prompts,
                                     ours, theirs, device)
                 compare(f"(for scale) generate's static batch of {c} vs generate alone (first {ALONE})", model,
-                        prompts, theirs[:ALONE], alone, device)
+                        prompts, theirs[:ALONE], alone, device, ("static batch", "alone"))
         if device == "cuda":
             print(f"peak GPU memory {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
     finally:
