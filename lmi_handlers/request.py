@@ -222,7 +222,8 @@ def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
             raise invalid_field(name, data[name], "not supported by this model server; omit it or send 0")
     top_logprobs = data.get("top_logprobs")
     if top_logprobs is not None and (type(top_logprobs) is not int or top_logprobs != 0):
-        raise invalid_field("top_logprobs", top_logprobs, "not supported; use logprobs=true")
+        raise invalid_field("top_logprobs", top_logprobs, "only 0 is supported: logprobs=true gives each chosen "
+                                                          "token's log probability, without alternatives")
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise invalid_field(name, data[name], "expected a string")

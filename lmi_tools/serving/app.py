@@ -38,7 +38,7 @@ async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
     path = request.url.path
     if path.startswith(openai.PREFIX):
         return openai.error(exc.code, exc.message)
-    if path in tgi.PATHS and request.method == "POST":
+    if path == "/info" or (path in tgi.PATHS and request.method == "POST"):
         return tgi.error(exc.code, exc.message)
     return djl_error(exc.code, exc.kind, exc.message)
 
@@ -49,7 +49,11 @@ async def _log_request(request: Request, call_next):
     model = (getattr(request.state, "model", None) or request.path_params.get("model_name")
              or request.path_params.get("name") or "-")
     route = request.scope.get("route")
-    request.app.state.metrics.requests.labels(model, getattr(route, "path", "unmatched"),
+    # Labels only what the server knows (its models, its routes' templates): names copied from URLs would add a
+    # series per request.
+    store = request.app.state.store
+    label = model if model in store.models or model in store.catalog else "-"
+    request.app.state.metrics.requests.labels(label, getattr(route, "path", "unmatched"),
                                               str(response.status_code)).inc()
     access_log.info("%s %s model=%s status=%d latency=%.1fms", request.method, request.url.path, model,
                     response.status_code, (time.perf_counter() - began) * 1000)

@@ -127,6 +127,7 @@ class ServedModel:
         self.restarts = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
         self._stop = threading.Event()
+        self._stop_reason = ""
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"model-{name}", daemon=True)
 
@@ -138,12 +139,16 @@ class ServedModel:
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 
-    def stop(self) -> None:
+    def stop(self, reason: str | None = None) -> None:
+        """Stop the worker; the requests queued or running end at once with a 503 that says ``reason``."""
+        self._stop_reason = reason or f"model {self.name} was unloaded"
         self._stop.set()
         self._thread.join(timeout=10)
         self.worker.stop()
+        for item in self.rolling_batch.fail_all(503, self._stop_reason):
+            item.request.key.fail(503, self._stop_reason)
         while not self.jobs.empty():
-            self.jobs.get_nowait().fail(503, f"model {self.name} was unloaded")
+            self.jobs.get_nowait().fail(503, self._stop_reason)
 
     def submit(self, pending: PendingRequest) -> None:
         try:
@@ -194,6 +199,8 @@ class ServedModel:
                 pass
 
     def _recover(self, reason: str) -> None:
+        if self._stop.is_set():  # the worker was stopped on purpose: no restart
+            return
         logger.warning("[%s] %s", self.name, reason)
         self.restarts += 1
         if not self._load():
@@ -261,13 +268,16 @@ class ServedModel:
         job.emit(Start(code, headers))
         try:
             for chunk in self.worker.stream():
+                if self._stop.is_set():  # unloaded mid-answer: end it now rather than when the worker is gone
+                    job.fail(503, self._stop_reason)
+                    return
                 if not job.cancelled:
                     job.emit(Chunk(chunk))
         except StreamBroken as exc:
             job.fail(424, str(exc))
             return
         except WorkerDied as exc:
-            job.fail(503, f"model {self.name}: {exc}")
+            job.fail(503, self._stop_reason if self._stop.is_set() else f"model {self.name}: {exc}")
             self._recover(str(exc))
             return
         job.emit(End())

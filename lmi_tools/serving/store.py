@@ -152,7 +152,8 @@ class ModelStore:
                 self.unregister(name)
             if self.one_at_a_time:
                 for other in [n for n in self.models if n != name]:
-                    self.unregister(other)
+                    self.unregister(other, f"model {other} was unloaded: the server switched to model {name} "
+                                           "(--one-at-a-time)")
             return self.register(name, url)
 
     def statuses(self) -> dict[str, str]:
@@ -185,12 +186,13 @@ class ModelStore:
             raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
         return self.register(name, url, overrides)
 
-    def unregister(self, name: str) -> bool:
+    def unregister(self, name: str, reason: str | None = None) -> bool:
+        """Unload a model; its queued and running requests end at once with a 503 that says ``reason``."""
         with self._lock:
             model = self.models.pop(name, None)
         if model is None:
             return False
-        model.stop()
+        model.stop(reason)
         return True
 
     def get(self, name: str) -> ServedModel | None:
