@@ -160,13 +160,6 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
                                         else max_new_tokens, "stop": params.get(stop_key),
                                         "ignore_eos": params.get(eos_key)}, names)
     many, prompts = _prompts("inputs", data["inputs"], limits)
-    if many and data.get("stream") is True:
-        # DJL's own client sends lists with "stream": true; DJL's rolling-batch handlers refuse any list
-        # ("The 'inputs' field must be a string"), so name the list, not the flag (docs/djl-compat.md).
-        raise invalid_field("inputs", f"a list of {len(prompts)} prompt{'s' * (len(prompts) != 1)}",
-                            "with \"stream\": true 'inputs' must be one string, one streamed answer per request "
-                            "(DJL's rolling-batch handlers refuse a list too); send each prompt as its own request, "
-                            "or \"stream\": false for a JSON list of answers")
     response = {"stream": data.get("stream"), "details": params.get("details"),
                 "return_full_text": params.get("return_full_text")}
     return Payload(tuple(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
