@@ -89,6 +89,11 @@ class ServerConfig:
         )
 
 
+def model_env(props: Mapping[str, str]) -> dict[str, str]:
+    """The worker's extra environment: ``env=KEY=VALUE,KEY=VALUE`` in serving.properties."""
+    return dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
+
+
 def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> ModelSettings:
     overrides = overrides or {}
@@ -96,7 +101,7 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         setting(overrides, key, None, "in the request's query", minimum=0 if key == "max_batch_delay" else 1)
     props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
-    env = dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
+    env = model_env(props)
     worker = WorkerSettings(
         model_dir=model_dir.resolve(), init_properties={k: v for k, v in props.items() if k != "env"},
         entry_point=props.get("entryPoint", ""),
@@ -111,6 +116,26 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         job_queue_size=setting(props, "job_queue_size", server.job_queue_size, where),
         rolling=is_rolling(props.get("rolling_batch")),
         max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where))
+
+
+#: Environment variables that make a worker load code from elsewhere (a model's ``env`` may not set them).
+CODE_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def code_outside(model_dir: Path) -> str | None:
+    """How this model directory's configuration runs code from outside it, or None: an entry point file (or a
+    ``model.py`` link) that resolves elsewhere, or an ``env`` that sets where Python or the loader finds code."""
+    props = model_properties(model_dir)
+    entry = props.get("entryPoint") or "model.py"
+    if entry.endswith(".py") and (model_dir / entry).exists():
+        path = (model_dir / entry).resolve()
+        if not path.is_relative_to(model_dir):
+            return f"its entry point {entry} resolves to {path}, outside the model directory"
+    env = model_env(props)
+    for key in CODE_PATH_VARIABLES:
+        if key in env:
+            return f"its env sets {key}={env[key]}, which loads code from wherever it names"
+    return None
 
 
 class ModelExists(Exception):
@@ -184,6 +209,10 @@ class ModelStore:
                              "allow the model directories that match it")
         if re.fullmatch(pattern, resolved) is None:
             raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        outside = code_outside(Path(resolved))
+        if outside:
+            raise NotAllowed(f"model URL {url}: {outside}; --model-url-pattern bounds the code a model runs as well "
+                             "as its directory")
         return self.register(name, url, overrides)
 
     def unregister(self, name: str, reason: str | None = None) -> bool:
