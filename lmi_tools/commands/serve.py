@@ -32,8 +32,8 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                   "lmi (ours) or djl (DJL's, else the load fails saying what is "
                                                   "missing)"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
-          read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
-                                                        "before answering 408"),
+          read_timeout: float = typer.Option(60.0, help="Seconds to wait for a request's headers, and for each "
+                                                        "next part of its body, before answering 408"),
           max_header_bytes: int = typer.Option(16 * 1024, help="Largest size of a request's headers in bytes "
                                                                "(431 above it)"),
           one_at_a_time: bool = typer.Option(False, "--one-at-a-time", help="Load only the first model; the chat "

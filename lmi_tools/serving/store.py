@@ -63,7 +63,8 @@ class ServerConfig:
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     engine: str = "auto"
-    #: Longest wait for the next part of a request body (408 after it); ``lmi serve --read-timeout``.
+    #: Longest wait for a request's headers, and for each next part of its body (408 after it);
+    #: ``lmi serve --read-timeout``.
     read_timeout: float = 60.0
     #: Largest size of a request's headers (431 above it); ``lmi serve --max-header-bytes``.
     max_header_bytes: int = 16 * 1024
