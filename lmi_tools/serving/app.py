@@ -162,6 +162,9 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port at once
     try:
         sock.bind((host, port))
+        # Listen now too: two addresses on one port (0.0.0.0 and 127.0.0.1) both bind with SO_REUSEADDR, and only
+        # the second listen fails.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
