@@ -72,7 +72,11 @@ def _model_object(model: ServedModel) -> dict[str, Any]:
 @router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
-    model = _model(store, request, json_object(raw).get("model") if raw.strip() else None)
+    body = json_object(raw) if raw.strip() else {}
+    model = _model(store, request, body.get("model"))
+    if isinstance(body.get("model"), str) and body["model"] != model.name:
+        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
+        raw = json.dumps({**body, "model": model.name}).encode()
     pending = await submit(request, store, model, body=raw)
     start = await started(request, pending)
     if start is None:
