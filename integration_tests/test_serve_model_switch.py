@@ -111,8 +111,9 @@ def test_a_switch_ends_the_unloaded_models_streams_at_once_naming_the_switch(swi
         activate(switching, first)
     lines: list[str] = []
     done = threading.Event()
-    reader = threading.Thread(target=read_stream, daemon=True,
-                              args=(f"{switching.url}/predictions/{first}", {"inputs": "hi", "stream": True}, lines, done))
+    url = f"{switching.url}/predictions/{first}"
+    body = {"inputs": "hi", "stream": True}
+    reader = threading.Thread(target=read_stream, args=(url, body, lines, done), daemon=True)
     reader.start()
     deadline = time.monotonic() + 20
     while len(lines) < 2 and time.monotonic() < deadline:

@@ -1,9 +1,10 @@
 """The HTTP surface of ``lmi serve``: DJLServing's inference and management APIs, and SageMaker Runtime's paths.
 
 ``create_app`` only assembles: one router per API surface (``routes/``), the access log, the header-size limit
-(``HeadTimeout`` adds a deadline for the headers to arrive) and DJL's error shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
-The management API gets an app (and a listener) of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers
-of each; ``serve`` runs one uvicorn server per listener in one event loop.
+and DJL's error shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
+``HeadTimeout`` gives each request's headers a deadline to arrive. The management API gets an app (and a listener)
+of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers of each; ``serve`` runs one uvicorn server per
+listener in one event loop.
 """
 
 from __future__ import annotations
@@ -175,7 +176,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 def serve(listeners: Sequence[tuple[FastAPI, socket.socket]], log_level: str) -> None:
     """Run one uvicorn server per (app, bound socket) until the first stops (Ctrl-C); then stop the others."""
-    configs = [uvicorn.Config(app, log_level=log_level, access_log=False, h11_max_incomplete_event_size=MAX_BUFFERED_HEAD,
+    configs = [uvicorn.Config(app, log_level=log_level, access_log=False,
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD,
                               http=functools.partial(HeadTimeout, head_timeout=app.state.store.server.read_timeout))
                for app, _ in listeners]
     servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]

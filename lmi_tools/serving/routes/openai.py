@@ -1,10 +1,11 @@
 """OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``.
 
 The body's ``model`` picks among the served models (with one model loaded, a name the server does not know
-reaches it, as clients send names of their own; a model it knows but has not loaded is a 503); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the
-``openai`` client shows the message. Chat bodies go to the handler as they are (it speaks OpenAI's chat);
-completions are translated into LMI's schema (``generation.py``) and answered as ``text_completion`` objects,
-streamed as server-sent events ending with ``data: [DONE]``.
+reaches it, as clients send names of their own; a model it knows but has not loaded is a 503); errors come in
+OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the ``openai`` client shows the message.
+Chat bodies go to the handler as they are (it speaks OpenAI's chat); completions are translated into LMI's schema
+(``generation.py``) and answered as ``text_completion`` objects, streamed as server-sent events ending with
+``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
                                                     "or 1, or omit it")
     values = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 1.0),
               "return_full_text": body.get("echo", False),
-              **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos") if k in body}}
+              **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
+                 if k in body}}
     try:
         checked(SamplingParams, {k: values.get(k) for k in SAMPLING}, {})
         checked(StoppingParams, {k: values.get(k) for k in ("max_new_tokens", "stop", "ignore_eos")},
@@ -240,9 +242,10 @@ class _Completion:
                 "choices": choices, **extra}
 
     def _choice(self, index: int, text: str, tokens: list[Token], finish: str | None) -> dict[str, Any]:
+        # top_logprobs: one map per position, holding the chosen token (alternatives are not computed)
         logprobs = ({"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                     "top_logprobs": [{t.text: t.logprob} for t in tokens], "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in
-                                                                                             tokens[:-1]]))}
+                     "top_logprobs": [{t.text: t.logprob} for t in tokens],
+                     "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in tokens[:-1]]))}
                     if self.logprobs else None)
         return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 

@@ -61,9 +61,9 @@ def named(store: ModelStore, name: str, ready: bool = True) -> ServedModel:
 def not_loaded(store: ModelStore, name: str) -> str:
     """Why one of the operator's models cannot answer now, and how to load it."""
     loaded = ", ".join(store.models) or "none"
-    return (f"Model {name} is not loaded (UNLOADED; loaded: {loaded}): activate it with POST /ui/models/{name}/activate "
-            "or the chat page's model menu" + (", which unloads the others (--one-at-a-time)"
-                                                if store.one_at_a_time else ""))
+    switch = ", which unloads the others (--one-at-a-time)" if store.one_at_a_time else ""
+    return (f"Model {name} is not loaded (UNLOADED; loaded: {loaded}): activate it with POST "
+            f"/ui/models/{name}/activate or the chat page's model menu{switch}")
 
 
 def chosen(store: ModelStore, name: str | None, how: str) -> ServedModel:
