@@ -225,6 +225,12 @@ class ModelStore:
         model.stop(reason)
         return True
 
+    def remove(self, name: str) -> bool:
+        """Unload a model and forget it (the management API's DELETE): its name is then unknown (404), as in
+        DJLServing, rather than a model of the catalog that is not loaded (503)."""
+        self.catalog.pop(name, None)
+        return self.unregister(name)
+
     def get(self, name: str) -> ServedModel | None:
         return self.models.get(name)
 
