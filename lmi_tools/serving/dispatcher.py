@@ -198,6 +198,10 @@ class ServedModel:
             except queue.Empty:
                 pass
 
+    def _died(self, exc: WorkerDied) -> str:
+        """What the requests of a worker that died are told: why it was stopped, if it was."""
+        return self._stop_reason if self._stop.is_set() else f"model {self.name}: {exc}"
+
     def _recover(self, reason: str) -> None:
         if self._stop.is_set():  # the worker was stopped on purpose: no restart
             return
@@ -235,7 +239,7 @@ class ServedModel:
             self._deliver(batch, header)
         except WorkerDied as exc:
             for job in batch:
-                job.fail(503, f"model {self.name}: {exc}")
+                job.fail(503, self._died(exc))
             self._recover(str(exc))
 
     def _deliver(self, batch: list[PendingRequest], header: OutputHeader) -> None:
@@ -277,7 +281,7 @@ class ServedModel:
             job.fail(424, str(exc))
             return
         except WorkerDied as exc:
-            job.fail(503, self._stop_reason if self._stop.is_set() else f"model {self.name}: {exc}")
+            job.fail(503, self._died(exc))
             self._recover(str(exc))
             return
         job.emit(End())
@@ -305,7 +309,7 @@ class ServedModel:
             items = loop.apply(header.code, header.properties,
                                [header.content.value_at(i) for i in range(header.content.size())])
         except WorkerDied as exc:
-            for item in loop.fail_all(503, f"model {self.name}: {exc}"):
+            for item in loop.fail_all(503, self._died(exc)):
                 item.request.key.fail(503, item.error or "worker died")
             self._recover(str(exc))
             return
