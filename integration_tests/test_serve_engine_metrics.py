@@ -29,7 +29,7 @@ def test_prefix_cache_hits_show_in_metrics(serve, tiny_model_dir):
     assert metrics["lmi_prefix_cache_hits_total"] >= 32
     assert metrics["lmi_prefix_cache_queries_total"] > metrics["lmi_prefix_cache_hits_total"]
     assert 0 < metrics["lmi_prefix_cache_hit_rate"] < 1
-    assert metrics["lmi_kv_cache_blocks_total"] == metrics["lmi_kv_cache_blocks_used"] + \
+    assert metrics["lmi_kv_cache_blocks_capacity"] == metrics["lmi_kv_cache_blocks_used"] + \
         metrics["lmi_kv_cache_blocks_free"]
     assert metrics["lmi_kv_cache_blocks_used"] == 0  # both answered: their blocks are back (cached or free)
     assert metrics["lmi_preemptions_total"] == 0

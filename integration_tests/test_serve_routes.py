@@ -145,3 +145,35 @@ def test_a_half_sent_body_is_408(serve):
         began = time.monotonic()
         answer = sock.recv(65536).decode()
     assert answer.startswith("HTTP/1.1 408") and time.monotonic() - began < 20
+
+
+def test_headers_sent_slowly_are_408_after_read_timeout_and_the_connection_is_freed(serve):
+    """A client that trickles its headers (one line a quarter second, never ending) or sends nothing is cut off after
+    --read-timeout, as a front end with a header read timeout does; a keep-alive client is not."""
+    server = serve([serve.scripted()], args=["--read-timeout", "1"])
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as slow, \
+            socket.create_connection(("127.0.0.1", server.port), timeout=30) as silent:
+        began = time.monotonic()
+        slow.sendall(b"POST /predictions/scripted HTTP/1.1\r\nHost: x\r\n")
+        answer = b""
+        for i in range(40):  # 10 s of headers if nobody stops it
+            try:
+                slow.sendall(f"X-Slow-{i}: y\r\n".encode())
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            slow.settimeout(0.25)
+            try:
+                answer += slow.recv(65536)
+            except TimeoutError:
+                continue
+            if answer:
+                break
+        assert answer.startswith(b"HTTP/1.1 408") and b"--read-timeout" in answer
+        assert time.monotonic() - began < 5
+        silent.settimeout(10)
+        assert silent.recv(65536).startswith(b"HTTP/1.1 408")  # then closed
+        assert silent.recv(65536) == b""
+    with httpx.Client(base_url=server.url) as client:  # one keep-alive connection, idle between requests
+        assert client.get("/ping").status_code == 200
+        time.sleep(1.5)
+        assert client.get("/ping").status_code == 200

@@ -13,7 +13,7 @@ import time
 
 import httpx
 
-from .conftest import ROOT
+from .conftest import ROOT, free_port
 
 
 def test_a_port_in_use_is_a_usage_error_before_loading(serve):
@@ -53,3 +53,23 @@ def test_docs_page_loads_its_scripts_from_the_server_itself(serve):
     assert assets and all(url.startswith("/") for url in assets), assets  # no CDN
     for url in assets:
         assert httpx.get(server.url + url, timeout=10).status_code == 200
+
+
+def workers_of(model) -> list[str]:
+    """Worker processes serving this model directory (their command line names it)."""
+    found = subprocess.run(["pgrep", "-af", f"--model-dir {model}"], capture_output=True, text=True).stdout
+    return [line for line in found.splitlines() if "worker.process" in line]
+
+
+def test_one_port_for_both_apis_on_two_addresses_is_refused_and_leaves_no_worker(serve):
+    """--host 0.0.0.0 with --management-port equal to --port (the management API stays on 127.0.0.1): both sockets
+    bind, only the second listen would fail, after the models loaded."""
+    model = serve.scripted("both")
+    port = str(free_port())
+    result = subprocess.run([sys.executable, "-m", "lmi_tools", "serve", str(model), "--host", "0.0.0.0", "--port",
+                             port, "--management-port", port], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"--management-port {port} is --port's on another address" in result.stderr
+    assert "--management-host 0.0.0.0" in result.stderr
+    assert workers_of(model) == []

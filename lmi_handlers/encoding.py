@@ -3,7 +3,8 @@
 A request's format is chosen once (``choose_format``) from ``option.output_formatter``, the request's
 ``stream`` flag and its Accept header, then a per-request ``Encoder`` renders its events:
 
-* LMI text: ``json`` (``{"generated_text", "details"}``), ``jsonlines`` (one ``{"token": ...}`` line
+* LMI text: ``json`` (``{"generated_text", "details"}``; in a rolling batch sent in pieces as tokens arrive, as
+  DJL's rolling-batch json formatter does), ``jsonlines`` (one ``{"token": ...}`` line
   per token, the last also carrying ``generated_text`` and ``details``), ``sse`` (the same objects as
   ``data: ...`` events); with ``tgi_compat`` the TGI shapes;
 * OpenAI chat: ``chat.completion`` objects, and ``chat.completion.chunk`` lines or SSE events
@@ -36,6 +37,8 @@ class Format:
     framing: Framing
     chat: bool = False
     tgi: bool = False
+    #: A JSON answer sent in pieces as tokens arrive (rolling batch, LMI schema), as DJL's json formatter does.
+    incremental: bool = False
 
     @property
     def content_type(self) -> str:
@@ -47,7 +50,15 @@ class Format:
 
 
 def choose_format(request: GenerationRequest, output_formatter: str = "", accept: str | None = None,
-                  tgi_compat: bool = False) -> Format:
+                  tgi_compat: bool = False, rolling: bool = False) -> Format:
+    """The request's format; with ``rolling`` (a rolling batch) an LMI request's JSON answer is incremental."""
+    fmt = _format(request, output_formatter, accept, tgi_compat)
+    if rolling and fmt.framing is Framing.JSON and request.schema is Schema.LMI:
+        return Format(Framing.JSON, tgi=fmt.tgi, incremental=True)
+    return fmt
+
+
+def _format(request: GenerationRequest, output_formatter: str, accept: str | None, tgi_compat: bool) -> Format:
     chat = request.schema is Schema.CHAT
     if request.schema is Schema.LEGACY:
         return Format(Framing.JSON)
@@ -81,6 +92,11 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
 
+def _escaped(text: str) -> str:
+    """``text`` as it appears inside a JSON string (escaping is per character, so pieces join into the whole)."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
 _chat_ids = itertools.count(1)
 OPENAI_FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReason.LENGTH: "length"}
 
@@ -94,6 +110,8 @@ class Encoder:
         self._chat_id = f"chatcmpl-{next(_chat_ids)}"
         self._created = int(time.time())
         self._sent_role = False
+        self._opened = False
+        self._held = ""
 
     @property
     def content_type(self) -> str:
@@ -101,6 +119,8 @@ class Encoder:
 
     def encode(self, events: list[Event]) -> str:
         """Text for these events (one step's worth); "" when nothing is due yet."""
+        if self.format.incremental:
+            return self._incremental(events)
         out = []
         for i, event in enumerate(events):
             if isinstance(event, TokenEvent):
@@ -125,6 +145,31 @@ class Encoder:
         return [body] if self.format.tgi else body
 
     # --- pieces -----------------------------------------------------------------------------
+
+    def _incremental(self, events: list[Event]) -> str:
+        """The JSON answer in pieces, as DJL's rolling-batch json formatter sends it: ``{"generated_text": "``, then
+        each token's escaped text, then ``"}`` (or ``", "details": {...}}``). The pieces join into the bytes of
+        ``json.dumps(result_object(...), ensure_ascii=False)``. The opening goes out alone, the step's text one step
+        later, so that a client that drops the piece holding the opening (the SageMaker LMI recipe) loses no text.
+        A failure ends the request with its own error (the rolling batch's item), so it is not encoded here."""
+        text = "".join(event.token.text for event in events if isinstance(event, TokenEvent))
+        result = next((event for event in events if isinstance(event, GenerationResult)), None)
+        out = ""
+        if not self._opened:
+            self._opened = True
+            prefix = self.prompt if self.request.return_full_text else ""
+            out = ("[" if self.format.tgi else "") + '{"generated_text": "' + _escaped(prefix)
+            if result is None:
+                self._held = text
+                return out
+        out += _escaped(self._held + text)
+        self._held = ""
+        if result is None:
+            return out
+        out += '"'
+        if self.request.details:
+            out += ', "details": ' + json.dumps(self._details(result, with_tokens=True), ensure_ascii=False)
+        return out + "}" + ("]" if self.format.tgi else "")
 
     def _frame(self, obj: Any) -> str:
         line = dumps(obj)

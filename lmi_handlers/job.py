@@ -45,7 +45,9 @@ class Job:
 
     @property
     def content_type(self) -> str:
-        return self.encoders[0].content_type if self.encoders and self.error is None else "application/json"
+        if self.payload.many or not self.encoders or self.error is not None:
+            return "application/json"  # a list of answers is one JSON value, whatever framing each asked for
+        return self.encoders[0].content_type
 
     @property
     def done(self) -> bool:
@@ -80,6 +82,14 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input."""
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
+    if payload.many and config.rolling and any(request.stream for request in payload.requests):
+        # DJL's rolling-batch handlers refuse a list ("The 'inputs' field must be a string"); its non-rolling
+        # handler ignores "stream" for a list and answers a JSON list, as Job.take does.
+        count = len(payload.requests)
+        raise invalid_field("inputs", f"a list of {count} prompt{'s' * (count != 1)}",
+                            "with \"stream\": true and rolling batch, 'inputs' must be one string, one streamed "
+                            "answer per request (DJL's rolling-batch handlers refuse a list too); send each prompt "
+                            "as its own request, or \"stream\": false for a JSON list of answers")
     accept = item.get_property("Accept")
     seqs, encoders = [], []
     for request in payload.requests:
@@ -91,7 +101,8 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
         seqs.append(SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
                                   eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
                                   max_new_tokens=max_new, seed=seed))
-        fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat)
+        fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat,
+                            rolling=config.rolling and not payload.many)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
     return Job(payload, seqs, encoders)
 

@@ -160,13 +160,6 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
                                         else max_new_tokens, "stop": params.get(stop_key),
                                         "ignore_eos": params.get(eos_key)}, names)
     many, prompts = _prompts("inputs", data["inputs"], limits)
-    if many and data.get("stream") is True:
-        # DJL's own client sends lists with "stream": true; DJL's rolling-batch handlers refuse any list
-        # ("The 'inputs' field must be a string"), so name the list, not the flag (docs/djl-compat.md).
-        raise invalid_field("inputs", f"a list of {len(prompts)} prompt{'s' * (len(prompts) != 1)}",
-                            "with \"stream\": true 'inputs' must be one string, one streamed answer per request "
-                            "(DJL's rolling-batch handlers refuse a list too); send each prompt as its own request, "
-                            "or \"stream\": false for a JSON list of answers")
     response = {"stream": data.get("stream"), "details": params.get("details"),
                 "return_full_text": params.get("return_full_text")}
     return Payload(tuple(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
@@ -222,7 +215,8 @@ def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
             raise invalid_field(name, data[name], "not supported by this model server; omit it or send 0")
     top_logprobs = data.get("top_logprobs")
     if top_logprobs is not None and (type(top_logprobs) is not int or top_logprobs != 0):
-        raise invalid_field("top_logprobs", top_logprobs, "not supported; use logprobs=true")
+        raise invalid_field("top_logprobs", top_logprobs, "only 0 is supported: logprobs=true gives each chosen "
+                                                          "token's log probability, without alternatives")
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise invalid_field(name, data[name], "expected a string")

@@ -32,8 +32,8 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                                                   "lmi (ours) or djl (DJL's, else the load fails saying what is "
                                                   "missing)"),
           job_queue_size: int = typer.Option(None, help="Default queue length per model (SERVING_JOB_QUEUE_SIZE)"),
-          read_timeout: float = typer.Option(60.0, help="Seconds to wait for the next part of a request body "
-                                                        "before answering 408"),
+          read_timeout: float = typer.Option(60.0, help="Seconds to wait for a request's headers, and for each "
+                                                        "next part of its body, before answering 408"),
           max_header_bytes: int = typer.Option(16 * 1024, help="Largest size of a request's headers in bytes "
                                                                "(431 above it)"),
           one_at_a_time: bool = typer.Option(False, "--one-at-a-time", help="Load only the first model; the chat "
@@ -75,9 +75,20 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     if job_queue_size is not None:
         config.job_queue_size = job_queue_size
     management_port = port + 1 if management_port is None else management_port
+    if management_port == port and management_host != host:
+        raise UsageError(f"--management-port {port} is --port's on another address (--host {host}, --management-host "
+                         f"{management_host}): one port serves both APIs only on one listener",
+                         hint=f"pass --management-host {host} too (one listener, as DJLServing's default), or another "
+                              "--management-port")
     _warn_exposed(host, management_host, model_url_pattern)
     one_listener = (management_host, management_port) == (host, port)
-    sockets = [listen(host, port)] + ([] if one_listener else [listen(management_host, management_port)])
+    sockets = [listen(host, port)]
+    if not one_listener:
+        try:
+            sockets.append(listen(management_host, management_port))
+        except UsageError:
+            sockets[0].close()
+            raise
     store = ModelStore(config)
     store.one_at_a_time = one_at_a_time
     for i, spec in enumerate(models):
@@ -97,7 +108,10 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                      (create_app(store, MANAGEMENT, owns_store=False), sockets[1])]
     typer.echo(f"lmi serve: http://{host}:{port}  management: http://{management_host}:{management_port}  "
                f"models: {', '.join(store.catalog)}  (GET /ping until 200; chat page: http://{host}:{port}/)")
-    run(listeners, log_level)
+    try:
+        run(listeners, log_level)
+    finally:  # however the server ends (a listener that fails to start too), no worker process outlives it
+        store.close()
 
 
 def _warn_exposed(host: str, management_host: str, model_url_pattern: str | None) -> None:

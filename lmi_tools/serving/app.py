@@ -2,23 +2,29 @@
 
 ``create_app`` only assembles: one router per API surface (``routes/``), the access log, the header-size limit
 and DJL's error shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
-The management API gets an app (and a listener) of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers
-of each; ``serve`` runs one uvicorn server per listener in one event loop.
+``HeadTimeout`` gives each request's headers a deadline to arrive. The management API gets an app (and a listener)
+of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers of each; ``serve`` runs one uvicorn server per
+listener in one event loop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+import json
 import logging
 import socket
 import time
 from typing import Any, AsyncIterator, Sequence
 
+
+import h11
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi_offline import FastAPIOffline
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import UsageError
 from .metrics import Metrics
@@ -38,7 +44,7 @@ async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
     path = request.url.path
     if path.startswith(openai.PREFIX):
         return openai.error(exc.code, exc.message)
-    if path in tgi.PATHS and request.method == "POST":
+    if path == "/info" or (path in tgi.PATHS and request.method == "POST"):
         return tgi.error(exc.code, exc.message)
     return djl_error(exc.code, exc.kind, exc.message)
 
@@ -49,7 +55,11 @@ async def _log_request(request: Request, call_next):
     model = (getattr(request.state, "model", None) or request.path_params.get("model_name")
              or request.path_params.get("name") or "-")
     route = request.scope.get("route")
-    request.app.state.metrics.requests.labels(model, getattr(route, "path", "unmatched"),
+    # Labels only what the server knows (its models, its routes' templates): names copied from URLs would add a
+    # series per request.
+    store = request.app.state.store
+    label = model if model in store.models or model in store.catalog else "-"
+    request.app.state.metrics.requests.labels(label, getattr(route, "path", "unmatched"),
                                               str(response.status_code)).inc()
     access_log.info("%s %s model=%s status=%d latency=%.1fms", request.method, request.url.path, model,
                     response.status_code, (time.perf_counter() - began) * 1000)
@@ -71,6 +81,49 @@ class HeaderLimit:
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class HeadTimeout(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a deadline for each request's head: a client that sends its request line and
+    headers slowly (or nothing at all) gets a 408 and loses the connection after ``head_timeout`` seconds, as a
+    front end with a header read timeout does. uvicorn bounds only the wait between requests."""
+
+    def __init__(self, *args: Any, head_timeout: float, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.head_timeout = head_timeout
+        self.head_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        if self.conn.their_state is h11.IDLE:  # still reading a head: the deadline set at its first byte holds
+            if self.head_deadline is None:
+                self._arm()
+        elif self.head_deadline is not None:
+            self.head_deadline.cancel()
+            self.head_deadline = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.head_deadline is not None:
+            self.head_deadline.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self.head_deadline = self.loop.call_later(self.head_timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.head_deadline = None
+        if self.conn.their_state is not h11.IDLE or self.transport.is_closing():
+            return
+        if self.conn.our_state is h11.IDLE:  # an answer to a pipelined request may still be going out
+            body = json.dumps({"code": 408, "type": "RequestTimeoutException", "message":
+                               f"the request's headers did not arrive within {self.head_timeout:g} s (--read-timeout)"})
+            self.transport.write(f"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+                                 f"content-length: {len(body)}\r\nconnection: close\r\n\r\n{body}".encode())
+        self.transport.close()
 
 
 def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MANAGEMENT,
@@ -110,6 +163,9 @@ def listen(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port at once
     try:
         sock.bind((host, port))
+        # Listen now too: two addresses on one port (0.0.0.0 and 127.0.0.1) both bind with SO_REUSEADDR, and only
+        # the second listen fails.
+        sock.listen(2048)
     except OSError as exc:
         sock.close()
         raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}",
@@ -121,7 +177,9 @@ def listen(host: str, port: int) -> socket.socket:
 def serve(listeners: Sequence[tuple[FastAPI, socket.socket]], log_level: str) -> None:
     """Run one uvicorn server per (app, bound socket) until the first stops (Ctrl-C); then stop the others."""
     configs = [uvicorn.Config(app, log_level=log_level, access_log=False,
-                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD) for app, _ in listeners]
+                              h11_max_incomplete_event_size=MAX_BUFFERED_HEAD,
+                              http=functools.partial(HeadTimeout, head_timeout=app.state.store.server.read_timeout))
+               for app, _ in listeners]
     servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
     sockets = [sock for _, sock in listeners]
 

@@ -127,6 +127,7 @@ class ServedModel:
         self.restarts = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
         self._stop = threading.Event()
+        self._stop_reason = ""
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"model-{name}", daemon=True)
 
@@ -138,12 +139,16 @@ class ServedModel:
     def wait_loaded(self, timeout: float | None = None) -> bool:
         return self._ready.wait(timeout)
 
-    def stop(self) -> None:
+    def stop(self, reason: str | None = None) -> None:
+        """Stop the worker; the requests queued or running end at once with a 503 that says ``reason``."""
+        self._stop_reason = reason or f"model {self.name} was unloaded"
         self._stop.set()
         self._thread.join(timeout=10)
         self.worker.stop()
+        for item in self.rolling_batch.fail_all(503, self._stop_reason):
+            item.request.key.fail(503, self._stop_reason)
         while not self.jobs.empty():
-            self.jobs.get_nowait().fail(503, f"model {self.name} was unloaded")
+            self.jobs.get_nowait().fail(503, self._stop_reason)
 
     def submit(self, pending: PendingRequest) -> None:
         try:
@@ -193,7 +198,13 @@ class ServedModel:
             except queue.Empty:
                 pass
 
+    def _died(self, exc: WorkerDied) -> str:
+        """What the requests of a worker that died are told: why it was stopped, if it was."""
+        return self._stop_reason if self._stop.is_set() else f"model {self.name}: {exc}"
+
     def _recover(self, reason: str) -> None:
+        if self._stop.is_set():  # the worker was stopped on purpose: no restart
+            return
         logger.warning("[%s] %s", self.name, reason)
         self.restarts += 1
         if not self._load():
@@ -228,7 +239,7 @@ class ServedModel:
             self._deliver(batch, header)
         except WorkerDied as exc:
             for job in batch:
-                job.fail(503, f"model {self.name}: {exc}")
+                job.fail(503, self._died(exc))
             self._recover(str(exc))
 
     def _deliver(self, batch: list[PendingRequest], header: OutputHeader) -> None:
@@ -261,13 +272,16 @@ class ServedModel:
         job.emit(Start(code, headers))
         try:
             for chunk in self.worker.stream():
+                if self._stop.is_set():  # unloaded mid-answer: end it now rather than when the worker is gone
+                    job.fail(503, self._stop_reason)
+                    return
                 if not job.cancelled:
                     job.emit(Chunk(chunk))
         except StreamBroken as exc:
             job.fail(424, str(exc))
             return
         except WorkerDied as exc:
-            job.fail(503, f"model {self.name}: {exc}")
+            job.fail(503, self._died(exc))
             self._recover(str(exc))
             return
         job.emit(End())
@@ -295,7 +309,7 @@ class ServedModel:
             items = loop.apply(header.code, header.properties,
                                [header.content.value_at(i) for i in range(header.content.size())])
         except WorkerDied as exc:
-            for item in loop.fail_all(503, f"model {self.name}: {exc}"):
+            for item in loop.fail_all(503, self._died(exc)):
                 item.request.key.fail(503, item.error or "worker died")
             self._recover(str(exc))
             return

@@ -73,7 +73,7 @@ class _Timer:
 # Engine counter (``Engine.stats()`` key) -> (metric, is a counter, help).
 ENGINE_METRICS = {
     "waiting": ("lmi_waiting_sequences", False, "Sequences admitted by the handler, waiting for KV blocks or a row"),
-    "kv_blocks_total": ("lmi_kv_cache_blocks_total", False, "Blocks in the paged KV cache pool"),
+    "kv_blocks_total": ("lmi_kv_cache_blocks_capacity", False, "Blocks in the paged KV cache pool"),
     "kv_blocks_used": ("lmi_kv_cache_blocks_used", False, "KV cache blocks held by running sequences"),
     "kv_blocks_free": ("lmi_kv_cache_blocks_free", False, "KV cache blocks free or holding an idle cached prefix"),
     "prefix_cache_hit_tokens": ("lmi_prefix_cache_hits", True, "Prompt tokens found in the prefix cache"),

@@ -63,7 +63,8 @@ class ServerConfig:
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     engine: str = "auto"
-    #: Longest wait for the next part of a request body (408 after it); ``lmi serve --read-timeout``.
+    #: Longest wait for a request's headers, and for each next part of its body (408 after it);
+    #: ``lmi serve --read-timeout``.
     read_timeout: float = 60.0
     #: Largest size of a request's headers (431 above it); ``lmi serve --max-header-bytes``.
     max_header_bytes: int = 16 * 1024
@@ -89,6 +90,11 @@ class ServerConfig:
         )
 
 
+def model_env(props: Mapping[str, str]) -> dict[str, str]:
+    """The worker's extra environment: ``env=KEY=VALUE,KEY=VALUE`` in serving.properties."""
+    return dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
+
+
 def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str, str] | None = None,
                    environ: Mapping[str, str] = os.environ) -> ModelSettings:
     overrides = overrides or {}
@@ -96,7 +102,7 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         setting(overrides, key, None, "in the request's query", minimum=0 if key == "max_batch_delay" else 1)
     props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
-    env = dict(pair.split("=", 1) for pair in props.get("env", "").split(",") if "=" in pair)
+    env = model_env(props)
     worker = WorkerSettings(
         model_dir=model_dir.resolve(), init_properties={k: v for k, v in props.items() if k != "env"},
         entry_point=props.get("entryPoint", ""),
@@ -111,6 +117,26 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         job_queue_size=setting(props, "job_queue_size", server.job_queue_size, where),
         rolling=is_rolling(props.get("rolling_batch")),
         max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where))
+
+
+#: Environment variables that make a worker load code from elsewhere (a model's ``env`` may not set them).
+CODE_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTARTUP", "LD_PRELOAD", "LD_LIBRARY_PATH")
+
+
+def code_outside(model_dir: Path) -> str | None:
+    """How this model directory's configuration runs code from outside it, or None: an entry point file (or a
+    ``model.py`` link) that resolves elsewhere, or an ``env`` that sets where Python or the loader finds code."""
+    props = model_properties(model_dir)
+    entry = props.get("entryPoint") or "model.py"
+    if entry.endswith(".py") and (model_dir / entry).exists():
+        path = (model_dir / entry).resolve()
+        if not path.is_relative_to(model_dir):
+            return f"its entry point {entry} resolves to {path}, outside the model directory"
+    env = model_env(props)
+    for key in CODE_PATH_VARIABLES:
+        if key in env:
+            return f"its env sets {key}={env[key]}, which loads code from wherever it names"
+    return None
 
 
 class ModelExists(Exception):
@@ -152,7 +178,8 @@ class ModelStore:
                 self.unregister(name)
             if self.one_at_a_time:
                 for other in [n for n in self.models if n != name]:
-                    self.unregister(other)
+                    self.unregister(other, f"model {other} was unloaded: the server switched to model {name} "
+                                           "(--one-at-a-time)")
             return self.register(name, url)
 
     def statuses(self) -> dict[str, str]:
@@ -183,15 +210,26 @@ class ModelStore:
                              "allow the model directories that match it")
         if re.fullmatch(pattern, resolved) is None:
             raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        outside = code_outside(Path(resolved))
+        if outside:
+            raise NotAllowed(f"model URL {url}: {outside}; --model-url-pattern bounds the code a model runs as well "
+                             "as its directory")
         return self.register(name, url, overrides)
 
-    def unregister(self, name: str) -> bool:
+    def unregister(self, name: str, reason: str | None = None) -> bool:
+        """Unload a model; its queued and running requests end at once with a 503 that says ``reason``."""
         with self._lock:
             model = self.models.pop(name, None)
         if model is None:
             return False
-        model.stop()
+        model.stop(reason)
         return True
+
+    def remove(self, name: str) -> bool:
+        """Unload a model and forget it (the management API's DELETE): its name is then unknown (404), as in
+        DJLServing, rather than a model of the catalog that is not loaded (503)."""
+        self.catalog.pop(name, None)
+        return self.unregister(name)
 
     def get(self, name: str) -> ServedModel | None:
         return self.models.get(name)

@@ -275,3 +275,38 @@ def test_every_schema_through_rolling_batch(tmp_path, payload):
     while loop.active:
         loop.step()
     assert loop.codes == {} and loop.bodies["r"]
+
+
+# DJL's integration client (tests/integration/llm/client.py, the huggingface case) sends a list of one prompt
+# with "stream": true.
+DJL_CLIENT = {"inputs": ["hi"], "stream": True, "parameters": {"max_new_tokens": 4}}
+
+
+def test_a_list_with_stream_true_is_answered_as_a_json_list_without_rolling_batch(tmp_path):
+    handler = loaded(tmp_path)
+    out = handler.handle(request_input(JSON, json.dumps(DJL_CLIENT).encode()))
+    assert out.code == 200 and out.properties["content-type"] == "application/json"
+    assert json.loads(content(out)) == [{"generated_text": " The"}]
+    out = handler.handle(request_input(JSON, body(inputs=["hi", "ho"], stream=True,
+                                                  parameters={"max_new_tokens": 2})))
+    assert json.loads(content(out)) == [{"generated_text": " T"}, {"generated_text": " T"}]
+
+
+def test_a_list_with_stream_true_is_refused_in_a_rolling_batch_as_djl_does(tmp_path):
+    loop = JavaLoop(loaded(tmp_path, rolling_batch="auto"))
+    loop.submit("list", DJL_CLIENT)
+    loop.step()
+    assert loop.codes["list"] == 400
+    assert loop.bodies["list"].startswith("inputs: with \"stream\": true and rolling batch, 'inputs' must be one "
+                                          "string") and "got 'a list of 1 prompt'" in loop.bodies["list"]
+
+
+def test_a_rolling_json_answer_arrives_in_pieces_that_form_djls_document(tmp_path):
+    loop = JavaLoop(loaded(tmp_path, rolling_batch="auto"))
+    loop.submit("json", {"inputs": "hi", "parameters": {"max_new_tokens": 4}})
+    pieces = []
+    while loop.active:
+        before = loop.bodies["json"]
+        loop.step()
+        pieces.append(loop.bodies["json"][len(before):])
+    assert pieces == ['{"generated_text": "', " T", "h", 'e"}'] and loop.headers["json"] == "application/json"

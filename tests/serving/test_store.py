@@ -37,3 +37,35 @@ def test_server_defaults_from_the_environment():
     assert (config.job_queue_size, config.predict_timeout, config.batch_size) == (7, 30.0, 1)
     with pytest.raises(ValueError, match="SERVING_BATCH_SIZE='x' in the environment is invalid"):
         ServerConfig.from_env({"SERVING_BATCH_SIZE": "x"})
+
+
+def test_the_url_pattern_bounds_the_code_a_model_runs_not_only_its_directory(tmp_path):
+    from lmi_tools.serving.store import ModelStore, NotAllowed, code_outside
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "evil.py").write_text("raise SystemExit('ran code from outside the pattern')\n")
+    allowed = tmp_path / "models"
+    store = ModelStore(ServerConfig(model_url_pattern=str(allowed) + "/.*"))
+    cases = {"relative": "option.entryPoint=../../outside/evil.py\n",
+             "absolute": f"option.entryPoint={outside}/evil.py\n",
+             "pythonpath": f"option.entryPoint=evil\nenv=PYTHONPATH={outside}\n",
+             "preload": "env=LD_PRELOAD=/tmp/x.so\n"}
+    for name, properties in cases.items():
+        directory = allowed / name
+        directory.mkdir(parents=True)
+        (directory / "serving.properties").write_text(properties)
+        with pytest.raises(NotAllowed, match="bounds the code a model runs as well as its directory"):
+            store.register_url(name, str(directory))
+    linked = allowed / "linked"
+    linked.mkdir()
+    (linked / "model.py").symlink_to(outside / "evil.py")
+    with pytest.raises(NotAllowed, match=f"its entry point model.py resolves to {outside}/evil.py"):
+        store.register_url("linked", str(linked))
+    inside = allowed / "inside"
+    (inside / "code").mkdir(parents=True)
+    (inside / "code" / "handler.py").write_text("")
+    (inside / "serving.properties").write_text("option.entryPoint=code/handler.py\nenv=HF_HOME=/tmp/hf\n")
+    assert code_outside(inside) is None
+    (inside / "serving.properties").write_text("option.entryPoint=lmi_handlers.entrypoint\n")
+    assert code_outside(inside) is None and store.models == {}

@@ -1,5 +1,6 @@
 """DJLServing's inference API: ``GET /ping``, ``POST /predictions/{model}[/{version}]``,
-``POST /models/{model}/invoke`` and ``POST /invocations`` (OpenAI's and TGI's routes: ``openai.py``, ``tgi.py``)."""
+``POST /models/{model}/invoke`` and ``POST /invocations`` (OpenAI's and TGI's routes: ``openai.py``, ``tgi.py``),
+and ``GET /health``, which TGI and vLLM clients probe."""
 
 from __future__ import annotations
 
@@ -18,6 +19,16 @@ async def ping(store: Store) -> JSONResponse:
     healthy = all(s is Status.READY for s in statuses.values())
     body = {name: {"status": "Healthy" if s is Status.READY else s.value} for name, s in statuses.items()}
     return JSONResponse(body, status_code=200 if healthy else 503)
+
+
+@router.get("/health")
+async def health(store: Store) -> Response:
+    """TGI's and vLLM's probe: 200 with an empty body when every loaded model answers, else 503."""
+    waiting = {name: m.status.value for name, m in store.models.items() if m.status is not Status.READY}
+    if store.models and not waiting:
+        return Response(b"", 200)
+    reason = "no model is loaded" if not store.models else ", ".join(f"{n} is {s}" for n, s in waiting.items())
+    return JSONResponse({"error": f"not healthy: {reason}", "error_type": "unhealthy"}, status_code=503)
 
 
 @router.post("/predictions/{model_name}", openapi_extra=RAW_BODY)

@@ -57,6 +57,6 @@ async def register_model(request: Request, store: Store) -> JSONResponse:
 
 @router.delete("/models/{name}")
 async def unregister_model(store: Store, name: str) -> JSONResponse:
-    if not await asyncio.to_thread(store.unregister, name):
+    if not await asyncio.to_thread(store.remove, name):
         raise HttpError(404, "ModelNotFoundException", f"Model not found: {name}")
     return JSONResponse({"status": f'Model "{name}" unregistered'})

@@ -1,10 +1,11 @@
-"""OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``.
+"""OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``.
 
-The body's ``model`` picks among the served models (with one model, any name reaches it, as clients send
-names of their own); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the
-``openai`` client shows the message. Chat bodies go to the handler as they are (it speaks OpenAI's chat);
-completions are translated into LMI's schema (``generation.py``) and answered as ``text_completion`` objects,
-streamed as server-sent events ending with ``data: [DONE]``.
+The body's ``model`` picks among the served models (with one model loaded, a name the server does not know
+reaches it, as clients send names of their own; a model it knows but has not loaded is a 503); errors come in
+OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the ``openai`` client shows the message.
+Chat bodies go to the handler as they are (it speaks OpenAI's chat); completions are translated into LMI's schema
+(``generation.py``) and answered as ``text_completion`` objects, streamed as server-sent events ending with
+``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from typing import Any, AsyncIterator, Callable
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from lmi_handlers.errors import Cancelled
+from lmi_handlers.errors import Cancelled, InvalidRequest
+from lmi_handlers.schemas import GenerationRequest, SamplingParams, StoppingParams, checked, rule_of
 
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
 from .generation import Failure, Result, Token, drop_nulls, error_message, generate, refuse_unsupported
-from .relay import NO_CACHE, RAW_BODY, HttpError, Store, named, read_body, started, submit
+from .relay import (NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, named, not_loaded, read_body, started,
+                    submit)
 
 router = APIRouter(tags=["openai"])
 PREFIX = "/v1/"
@@ -35,6 +38,7 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "s
 NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
            "logit_bias": ({},)}
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
+SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
 _ids = itertools.count(1)
 
 
@@ -47,15 +51,33 @@ def error(code: int, message: str) -> JSONResponse:
 
 @router.get("/v1/models")
 async def models(store: Store) -> JSONResponse:
-    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                     "owned_by": "lmi-handlers", "status": m.status.value}
-                                                    for name, m in store.models.items()]})
+    return JSONResponse({"object": "list", "data": [_model_object(m) for m in store.models.values()]})
+
+
+@router.get("/v1/models/{model_id:path}")
+async def model(store: Store, model_id: str) -> JSONResponse:
+    """One model of the list (``openai``'s ``models.retrieve``); ids may hold slashes, as Hugging Face ids do."""
+    found = store.get(model_id)
+    if found is None:
+        reason = not_loaded(store, model_id) if model_id in store.catalog else (
+            f"The model `{model_id}` does not exist: this server has {', '.join(store.models) or 'none'}")
+        raise HttpError(404, "ModelNotFoundException", reason)
+    return JSONResponse(_model_object(found))
+
+
+def _model_object(model: ServedModel) -> dict[str, Any]:
+    return {"id": model.name, "object": "model", "created": 0, "owned_by": "lmi-handlers",
+            "status": model.status.value}
 
 
 @router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
-    model = _model(store, request, _json(raw).get("model") if raw.strip() else None)
+    body = json_object(raw) if raw.strip() else {}
+    model = _model(store, request, body.get("model"))
+    if isinstance(body.get("model"), str) and body["model"] != model.name:
+        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
+        raw = json.dumps({**body, "model": model.name}).encode()
     pending = await submit(request, store, model, body=raw)
     start = await started(request, pending)
     if start is None:
@@ -80,7 +102,7 @@ async def chat(request: Request, store: Store) -> Response:
 
 @router.post("/v1/completions", openapi_extra=RAW_BODY)
 async def completions(request: Request, store: Store) -> Response:
-    body = _json(await read_body(request, store))
+    body = json_object(await read_body(request, store))
     unknown = sorted(set(body) - set(COMPLETION_FIELDS))
     if unknown:
         raise HttpError(400, "BadRequestException", f"unknown field {unknown[0]}: allowed fields are "
@@ -94,36 +116,59 @@ async def completions(request: Request, store: Store) -> Response:
         raise HttpError(400, "BadRequestException", f"prompt={json.dumps(prompt)[:80]} is invalid: expected a "
                                                     "string or a non-empty list of strings (token ids are not "
                                                     "supported)")
-    stream = body.get("stream", False)
-    temperature = body.get("temperature", 1.0)
-    parameters = {"max_new_tokens": body.get("max_tokens", 16), "details": True,
-                  "do_sample": isinstance(temperature, (int, float)) and temperature > 0,
-                  "temperature": temperature, "return_full_text": body.get("echo", False),
-                  **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
-                     if k in body}}
+    stream = flag(body, "stream")
+    parameters = _parameters(body)
     items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
-                           stream=stream is True)
+                           stream=stream)
     completion = _Completion(model.name, body)
-    if stream is True:
+    if stream:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
     return JSONResponse(await completion.whole(items), headers=NO_CACHE)
 
 
-def _json(raw: bytes) -> dict[str, Any]:
+def _parameters(body: dict[str, Any]) -> dict[str, Any]:
+    """LMI's parameters for a completions body, checked here by the runtime's own rules so that an error names the
+    field the client sent (``max_tokens``, not ``parameters.max_new_tokens``)."""
+    _check_stream_options(body.get("stream_options", {}))
+    logprobs = body.get("logprobs")
+    if logprobs is not None and (type(logprobs) is not int or logprobs not in (0, 1)):
+        raise HttpError(400, "BadRequestException", f"logprobs={json.dumps(logprobs)[:80]} is not supported: this "
+                                                    "server reports the chosen token's log probability only; send 0 "
+                                                    "or 1, or omit it")
+    values = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 1.0),
+              "return_full_text": body.get("echo", False),
+              **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
+                 if k in body}}
     try:
-        body = json.loads(raw or b"null")
-    except ValueError as exc:
-        raise HttpError(400, "BadRequestException", f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise HttpError(400, "BadRequestException", "request body must be a JSON object")
-    return body
+        checked(SamplingParams, {k: values.get(k) for k in SAMPLING}, {})
+        checked(StoppingParams, {k: values.get(k) for k in ("max_new_tokens", "stop", "ignore_eos")},
+                {"max_new_tokens": "max_tokens"})
+        rule_of(GenerationRequest, "return_full_text").check("echo", values["return_full_text"])
+    except InvalidRequest as exc:
+        raise HttpError(400, "BadRequestException", str(exc)) from None
+    return {**values, "details": True, "do_sample": values["temperature"] > 0}
+
+
+def _check_stream_options(options: Any) -> None:
+    """As the chat schema checks it: an object whose one field, include_usage, is a boolean."""
+    if not isinstance(options, dict):
+        raise HttpError(400, "BadRequestException", f"stream_options={json.dumps(options)[:80]} is invalid: "
+                                                    "expected a JSON object")
+    unknown = sorted(set(options) - {"include_usage"})
+    if unknown:
+        raise HttpError(400, "BadRequestException", f"unknown field stream_options.{unknown[0]}: allowed fields are "
+                                                    "include_usage")
+    if not isinstance(options.get("include_usage", False), bool):
+        raise HttpError(400, "BadRequestException", f"stream_options.include_usage="
+                                                    f"{json.dumps(options['include_usage'])[:80]} is invalid: "
+                                                    "expected true or false")
 
 
 def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
     name = name or request.query_params.get("model_name")
-    if isinstance(name, str) and name in store.models:
-        return named(store, name)
-    if len(store.models) == 1:  # clients send model names of their own; one model answers them all
+    if isinstance(name, str) and (name in store.models or name in store.catalog):
+        return named(store, name)  # a model this server knows answers for itself, or not at all
+    if len(store.models) == 1:  # clients send model names of their own; the one loaded model answers them
         return named(store, next(iter(store.models)))
     served = ", ".join(store.models) or "none"
     if not name:
@@ -197,9 +242,10 @@ class _Completion:
                 "choices": choices, **extra}
 
     def _choice(self, index: int, text: str, tokens: list[Token], finish: str | None) -> dict[str, Any]:
+        # top_logprobs: one map per position, holding the chosen token (alternatives are not computed)
         logprobs = ({"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                     "top_logprobs": None, "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in
-                                                                                             tokens[:-1]]))}
+                     "top_logprobs": [{t.text: t.logprob} for t in tokens],
+                     "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in tokens[:-1]]))}
                     if self.logprobs else None)
         return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 

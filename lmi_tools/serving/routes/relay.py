@@ -8,8 +8,9 @@ a complete answer goes out with content-length, anything else streams as it arri
 from __future__ import annotations
 
 import asyncio
+import json
 import os
-from typing import Annotated, AsyncIterator
+from typing import Annotated, Any, AsyncIterator
 
 from fastapi import Depends, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -44,13 +45,25 @@ Store = Annotated[ModelStore, Depends(_store)]
 
 
 def named(store: ModelStore, name: str, ready: bool = True) -> ServedModel:
+    """The model called ``name``; a 503 when it is not ready or (with ``ready``) one of the operator's models that
+    is not loaded: a request is never answered by another model than the one it names."""
     model = store.get(name)
     if model is None:
+        if ready and name in store.catalog:
+            raise HttpError(503, "ServiceUnavailableException", not_loaded(store, name))
         raise HttpError(404, "ModelNotFoundException", f"Model not found: {name}")
     if ready and model.status is not Status.READY:
         # The failure's details (worker output, paths) are for the operator: GET /models/{name} on the management API.
         raise HttpError(503, "ServiceUnavailableException", f"Model {name} is not ready ({model.status.value})")
     return model
+
+
+def not_loaded(store: ModelStore, name: str) -> str:
+    """Why one of the operator's models cannot answer now, and how to load it."""
+    loaded = ", ".join(store.models) or "none"
+    switch = ", which unloads the others (--one-at-a-time)" if store.one_at_a_time else ""
+    return (f"Model {name} is not loaded (UNLOADED; loaded: {loaded}): activate it with POST "
+            f"/ui/models/{name}/activate or the chat page's model menu{switch}")
 
 
 def chosen(store: ModelStore, name: str | None, how: str) -> ServedModel:
@@ -62,6 +75,29 @@ def chosen(store: ModelStore, name: str | None, how: str) -> ServedModel:
                                                         f"({served})")
         name = next(iter(store.models))
     return named(store, name)
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """A route's own reading of a JSON body; any malformed body, however deeply nested, is a 400."""
+    try:
+        body = json.loads(raw or b"null")
+    except RecursionError:
+        raise HttpError(400, "BadRequestException", "request body is nested too deeply: send a JSON object with "
+                                                    "a few levels of objects and lists") from None
+    except ValueError as exc:
+        raise HttpError(400, "BadRequestException", f"request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise HttpError(400, "BadRequestException", "request body must be a JSON object")
+    return body
+
+
+def flag(body: dict[str, Any], name: str) -> bool:
+    """A boolean field (absent or null: false); any other value is a 400 naming it."""
+    value = body.get(name)
+    if value is not None and not isinstance(value, bool):
+        raise HttpError(400, "BadRequestException", f"{name}={json.dumps(value)[:80]} is invalid: expected true or "
+                                                    "false")
+    return bool(value)
 
 
 async def read_body(request: Request, store: ModelStore) -> bytes:

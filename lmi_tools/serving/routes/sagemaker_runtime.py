@@ -23,7 +23,7 @@ from lmi_handlers.errors import Cancelled
 from .. import eventstream
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel, Start, Status
 from ..store import ModelStore
-from .relay import RAW_BODY, Store, started, submit
+from .relay import RAW_BODY, Store, not_loaded, started, submit
 
 router = APIRouter(tags=["sagemaker-runtime"])
 COMPONENT_HEADER = "x-amzn-sagemaker-inference-component"
@@ -52,21 +52,28 @@ def _endpoint(store: ModelStore, endpoint: str, component: str | None) -> Served
     if served and endpoint != served:
         return missing
     if component:
-        model = store.get(component)
-        if model is None:
+        if not _known(store, component):
             return _aws_error(400, "ValidationError", f"Inference component {component} not found on endpoint "
                                                       f"{endpoint}.")
+        name: str | None = component
     elif served:
         return _aws_error(400, "ValidationError", f"Endpoint {endpoint} hosts inference components: name one "
                                                   "with InferenceComponentName.")
-    else:
-        model = store.get(endpoint) or (next(iter(store.models.values())) if len(store.models) == 1 else None)
-    if model is None:
+    else:  # an endpoint name the server does not know reaches its one loaded model
+        name = endpoint if _known(store, endpoint) else next(iter(store.models)) if len(store.models) == 1 else None
+    if name is None:
         return missing
+    model = store.get(name)
+    if model is None:  # one of the operator's models, not loaded: never answered by another
+        return _aws_error(503, "ServiceUnavailable", not_loaded(store, name))
     if model.status is not Status.READY:
         return _aws_error(429, "ModelNotReadyException", f"Model for endpoint {endpoint} is not ready "
                                                          f"({model.status.value}).")
     return model
+
+
+def _known(store: ModelStore, name: str) -> bool:
+    return name in store.models or name in store.catalog
 
 
 def _aws_error(status: int, code: str, message: str, **fields: object) -> Response:

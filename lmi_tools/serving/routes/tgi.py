@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from lmi_handlers.schemas import MAX_STOP_SEQUENCES
 
 from .generation import Failure, Result, Token, drop_nulls, generate, refuse_unsupported
-from .relay import NO_CACHE, RAW_BODY, HttpError, Store, chosen, read_body
+from .relay import NO_CACHE, RAW_BODY, HttpError, Store, chosen, flag, json_object, read_body
 
 router = APIRouter(tags=["tgi"])
 PATHS = ("/generate", "/generate_stream", "/info", "/")
@@ -61,7 +61,7 @@ async def info(request: Request, store: Store) -> JSONResponse:
 async def _answer(request: Request, store: Store, stream: bool | None, listed: bool) -> Response:
     model = chosen(store, request.query_params.get("model_name"), "Parameter model_name")
     body = _parse(await read_body(request, store))
-    stream = bool(body.get("stream")) if stream is None else stream
+    stream = flag(body, "stream") if stream is None else stream
     params = drop_nulls(body.get("parameters") or {})
     refuse_unsupported(params, NEUTRAL)
     details = bool(params.get("details", False))
@@ -86,11 +86,8 @@ async def _answer(request: Request, store: Store, stream: bool | None, listed: b
 
 
 def _parse(raw: bytes) -> dict[str, Any]:
-    try:
-        body = json.loads(raw or b"null")
-    except ValueError as exc:
-        raise HttpError(400, "BadRequestException", f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict) or not isinstance(body.get("inputs"), str):
+    body = json_object(raw)
+    if not isinstance(body.get("inputs"), str):
         raise HttpError(400, "BadRequestException", 'expected a JSON object {"inputs": "<prompt>", "parameters": '
                                                     '{...}} with inputs a string')
     if not isinstance(body.get("parameters") or {}, dict):
