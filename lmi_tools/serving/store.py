@@ -176,14 +176,20 @@ class ModelStore:
     def register_url(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
         """``register`` for the management API: loading a directory runs its code, so only a directory whose
         resolved path matches ``model_url_pattern`` may be loaded."""
+        self.allowed(url, "model")
+        return self.register(name, url, overrides)
+
+    def allowed(self, url: str, what: str) -> str:
+        """``url``'s resolved path when ``model_url_pattern`` lets the management API load it (a model directory, an
+        adapter's folder), else ``NotAllowed``."""
         pattern = self.server.model_url_pattern
         resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
         if pattern is None:
-            raise NotAllowed("loading models by URL is off: start lmi serve with --model-url-pattern REGEX to "
-                             "allow the model directories that match it")
+            raise NotAllowed(f"loading {what}s by URL is off: start lmi serve with --model-url-pattern REGEX to "
+                             "allow the directories that match it")
         if re.fullmatch(pattern, resolved) is None:
-            raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
-        return self.register(name, url, overrides)
+            raise NotAllowed(f"{what} URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        return resolved
 
     def unregister(self, name: str) -> bool:
         with self._lock:

@@ -1,7 +1,8 @@
 """OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions`` and ``GET /v1/models``.
 
 The body's ``model`` picks among the served models (with one model, any name reaches it, as clients send
-names of their own); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the
+names of their own), and a LoRA adapter's name calls that adapter on its model, as vLLM's server does (``GET
+/v1/models`` lists adapters with their ``parent``); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the
 ``openai`` client shows the message. Chat bodies go to the handler as they are (it speaks OpenAI's chat);
 completions are translated into LMI's schema (``generation.py``) and answered as ``text_completion`` objects,
 streamed as server-sent events ending with ``data: [DONE]``.
@@ -47,15 +48,23 @@ def error(code: int, message: str) -> JSONResponse:
 
 @router.get("/v1/models")
 async def models(store: Store) -> JSONResponse:
-    return JSONResponse({"object": "list", "data": [{"id": name, "object": "model", "created": 0,
-                                                     "owned_by": "lmi-handlers", "status": m.status.value}
-                                                    for name, m in store.models.items()]})
+    data = []
+    for name, m in store.models.items():
+        data.append({"id": name, "object": "model", "created": 0, "owned_by": "lmi-handlers", "status": m.status.value})
+        # LoRA adapters are models of their own, as vLLM's server lists them: "model": "<adapter>" calls one.
+        data += [{"id": a, "object": "model", "created": 0, "owned_by": "lmi-handlers", "parent": name,
+                  "status": m.status.value} for a in m.adapters]
+    return JSONResponse({"object": "list", "data": data})
 
 
 @router.post("/v1/chat/completions", openapi_extra=RAW_BODY)
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
-    model = _model(store, request, _json(raw).get("model") if raw.strip() else None)
+    body = _json(raw) if raw.strip() else {}
+    model = _model(store, request, body.get("model"))
+    adapter = _adapter(model, body.get("model"))
+    if adapter is not None:
+        raw = json.dumps({**body, "adapters": adapter}).encode()
     pending = await submit(request, store, model, body=raw)
     start = await started(request, pending)
     if start is None:
@@ -101,8 +110,10 @@ async def completions(request: Request, store: Store) -> Response:
                   "temperature": temperature, "return_full_text": body.get("echo", False),
                   **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
                      if k in body}}
-    items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
-                           stream=stream is True)
+    adapter = _adapter(model, body.get("model"))
+    lmi = {"inputs": prompt, "parameters": parameters, "stream": stream,
+           **({"adapters": adapter} if adapter is not None else {})}
+    items = await generate(request, store, model, lmi, stream=stream is True)
     completion = _Completion(model.name, body)
     if stream is True:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
@@ -123,12 +134,20 @@ def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
     name = name or request.query_params.get("model_name")
     if isinstance(name, str) and name in store.models:
         return named(store, name)
+    owner = next((m for m in store.models.values() if isinstance(name, str) and name in m.adapters), None)
+    if owner is not None:
+        return named(store, owner.name)
     if len(store.models) == 1:  # clients send model names of their own; one model answers them all
         return named(store, next(iter(store.models)))
     served = ", ".join(store.models) or "none"
     if not name:
         raise HttpError(400, "BadRequestException", f"model is required: this server has several models ({served})")
     raise HttpError(404, "ModelNotFoundException", f"The model `{name}` does not exist: this server has {served}")
+
+
+def _adapter(model: ServedModel, name: Any) -> str | None:
+    """The adapter that ``model`` (the body's field) names on ``model``, as vLLM's server serves LoRA modules."""
+    return name if isinstance(name, str) and name != model.name and name in model.adapters else None
 
 
 async def _chat_stream(pending: PendingRequest, first: Chunk, count: Callable[[bytes], None]) -> AsyncIterator[bytes]:

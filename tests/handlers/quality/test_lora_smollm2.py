@@ -35,23 +35,10 @@ ADAPTERS = {"a1": ["q_proj", "v_proj"], "a2": ["q_proj", "k_proj", "o_proj", "ga
             "a3": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]}
 
 
-def make_adapter(base_dir, out, targets, seed, rank=8):
-    torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
-    model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=targets,
-                                                       init_lora_weights=False))
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if "lora_B" in name:
-                param.normal_(0, 0.1)  # peft starts B at zero: an adapter that changes nothing would prove nothing
-    model.save_pretrained(out)
-    return str(out)
-
-
 @pytest.fixture(scope="module")
-def adapter_dirs(smollm2_dir, tmp_path_factory):
+def adapter_dirs(smollm2_dir, tmp_path_factory, make_lora):
     root = tmp_path_factory.mktemp("adapters")
-    return {name: make_adapter(smollm2_dir, root / name, targets, seed)
+    return {name: make_lora(smollm2_dir, root / name, targets, seed)
             for seed, (name, targets) in enumerate(ADAPTERS.items(), 1)}
 
 
@@ -142,8 +129,9 @@ def test_the_request_forms_name_adapters(handler, oracle):
     listed = serve(handler, [{"inputs": PROMPTS[:2], "parameters": {"max_new_tokens": TOKENS},
                               "adapters": ["a2", ""]}])[0]
     assert [r["generated_text"] for r in listed] == [oracle["a2"][PROMPTS[0]], oracle[""][PROMPTS[1]]]
-    by_query = serve(handler, [payload(prompt)], query=[("adapter", "a3")])[0]
-    assert by_query["generated_text"] == oracle["a3"][prompt]
+    # DJLServing's rolling-batch loop forwards only the body: the query parameter reaches the other modes' Input.
+    job = handler._prepare(request_input(JSON, json.dumps(payload(prompt, "a1")).encode(), [("adapter", "a3")]))
+    assert [seq.adapter.name for seq in job.seqs] == ["a3"]
     header = JSON + [("X-Amzn-SageMaker-Adapter-Identifier", "a1")]
     assert serve(handler, [payload(prompt, "a2")], headers=header)[0]["generated_text"] == oracle["a1"][prompt]
 
@@ -163,14 +151,14 @@ def test_an_unknown_adapter_is_a_404_naming_the_registered_ones(handler):
 
 
 def test_bad_adapters_are_refused_by_name_and_the_base_keeps_serving(handler, smollm2_dir, tiny_model_dir,
-                                                                     tmp_path, oracle):
-    big = make_adapter(smollm2_dir, tmp_path / "big", ["q_proj"], 7, rank=32)
+                                                                     tmp_path, oracle, make_lora):
+    big = make_lora(smollm2_dir, tmp_path / "big", ["q_proj"], 7, rank=32)
     code, body = manage(handler, "register", "big", big)
     assert code == 400 and "adapter big" in body["error"] and "max_lora_rank=16" in body["error"]
-    head = make_adapter(smollm2_dir, tmp_path / "head", ["lm_head"], 8)
+    head = make_lora(smollm2_dir, tmp_path / "head", ["lm_head"], 8)
     code, body = manage(handler, "register", "head", head)
     assert code == 400 and "adapter head" in body["error"] and "lm_head" in body["error"]
-    other = make_adapter(tiny_model_dir, tmp_path / "other", ["q_proj"], 9)
+    other = make_lora(tiny_model_dir, tmp_path / "other", ["q_proj"], 9)
     code, body = manage(handler, "register", "other", other)
     assert code == 400 and "adapter other" in body["error"] and "another base model" in body["error"]
     code, body = manage(handler, "register", "none", str(tmp_path / "missing"))
