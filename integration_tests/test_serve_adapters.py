@@ -13,7 +13,7 @@ import pytest
 
 pytestmark = pytest.mark.quality
 
-PROMPT = "The capital of France is"
+PROMPT = "Write a haiku about the sea."
 LMI = {"inputs": PROMPT, "parameters": {"max_new_tokens": 12}}
 
 
@@ -22,7 +22,8 @@ def server(serve_module, smollm2_dir, make_lora, tmp_path_factory):
     model = serve_module.model_dir("smollm2", {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint",
                                                "option.model_id": str(smollm2_dir), "option.rolling_batch": "scheduler",
                                                "option.enable_lora": "true", "option.max_lora_rank": 16})
-    make_lora(smollm2_dir, model / "adapters" / "a1", ["q_proj", "v_proj"], 1)
+    make_lora(smollm2_dir, model / "adapters" / "a1", ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                      "down_proj"], 1)
     make_lora(smollm2_dir, model / "adapters" / "toobig", ["q_proj"], 2, rank=32)
     extra = tmp_path_factory.mktemp("extra")
     make_lora(smollm2_dir, extra / "a2", ["q_proj", "k_proj", "o_proj", "gate_proj"], 3)

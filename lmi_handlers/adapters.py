@@ -26,7 +26,6 @@ from .errors import AdapterNotFound, InvalidRequest, invalid_field
 
 logger = logging.getLogger(__name__)
 
-KEYS = frozenset({"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"})
 #: The header SageMaker sets from ``invoke_endpoint(InferenceComponentName=...)`` of an adapter component.
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 #: The folder beside serving.properties whose sub-folders are registered at start.

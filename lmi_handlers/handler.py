@@ -43,7 +43,7 @@ class Handler:
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
-        check_unknown_keys(config.properties, set(backend.option_keys) | lora.KEYS)
+        check_unknown_keys(config.properties, backend.option_keys)
         options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
