@@ -73,6 +73,15 @@ def test_every_request_form_reaches_the_adapter(server):
     completion = oai.completions.create(model="a1", prompt=PROMPT, max_tokens=12, temperature=0)
     assert [header, component, tgi, completion.choices[0].text] == [body] * 4
     assert "a1" in [m.id for m in oai.models.list().data]
+    chat = [{"role": "user", "content": PROMPT}]
+    answers = [oai.chat.completions.create(model=m, messages=chat, max_tokens=12, temperature=0).choices[0]
+               .message.content for m in ("smollm2", "a1")]
+    assert answers[0] != answers[1]
+
+
+def test_the_chat_pages_menu_lists_adapters_under_their_model(server):
+    listing = httpx.get(f"{server.url}/ui/models").json()["models"]
+    assert {"name": "a1", "status": "READY", "parent": "smollm2"} in listing
 
 
 def test_an_unknown_adapter_is_a_404_naming_the_registered_ones(server):
