@@ -41,6 +41,7 @@ def make_lora():
     ``out``; returns its path as a string."""
     torch = pytest.importorskip("torch")
     peft = pytest.importorskip("peft", reason="peft makes the test adapters")
+    import torch.distributed.tensor  # noqa: F401 - peft reads it unimported; transformers 5 imports it, 4.43.4 not
     import transformers
 
     def make(base_dir, out, targets, seed, rank=8):
