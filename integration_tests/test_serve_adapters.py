@@ -55,6 +55,7 @@ def test_management_registers_describes_updates_and_checks_the_source(server, sm
     assert httpx.get(f"{url}/a2").json() == [{"name": "a2", "src": str(server.extra / "a2"), "pin": True}]
     page = httpx.get(url, params={"limit": 1}).json()
     assert [a["name"] for a in page["adapters"]] == ["a1"] and page["nextPageToken"] == "1"
+    assert httpx.get(f"{server.management_url}/adapters/a2").json()[0]["name"] == "a2"  # DJL's one-model paths
     missing = httpx.get(f"{url}/nope")
     assert missing.status_code == 404 and "a1, a2" in missing.json()["message"]
 

@@ -173,7 +173,8 @@ class Adapters:
     def get(self, name: str) -> Adapter:
         adapter = self.by_name.get(name)
         if adapter is None:
-            known = ", ".join(sorted(self.by_name)) or "none"
+            known = ", ".join(sorted(self.by_name)) or ("none" if self.options.enabled else
+                                                        "none (option.enable_lora is off)")
             raise AdapterNotFound(f"adapter {name!r} is not registered on this model; registered adapters: {known}",
                                   field="adapters", value=name)
         return adapter

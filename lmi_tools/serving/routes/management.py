@@ -1,6 +1,6 @@
 """DJLServing's management API: ``GET/POST /models``, ``GET/DELETE /models/{name}``, and its adapters API:
 ``GET/POST /models/{name}/adapters``, ``GET/DELETE /models/{name}/adapters/{adapter}``,
-``POST /models/{name}/adapters/{adapter}/update``.
+``POST /models/{name}/adapters/{adapter}/update`` (with one model, ``/adapters...`` without the prefix, as DJL's).
 
 It is served on its own listener (loopback by default, ``lmi serve --management-host/--management-port``):
 loading a model directory runs its code, so ``POST /models`` only loads directories that match
@@ -18,8 +18,8 @@ from fastapi.responses import JSONResponse
 
 from ..adapters import AdapterRecord, adapter_input
 from ..dispatcher import ServedModel, Status
-from ..store import ModelExists, NotAllowed, model_name_for
-from .relay import HttpError, Store, named
+from ..store import ModelExists, ModelStore, NotAllowed, model_name_for
+from .relay import HttpError, Store, chosen, named
 
 router = APIRouter(tags=["management"])
 
@@ -70,7 +70,9 @@ async def unregister_model(store: Store, name: str) -> JSONResponse:
 # --- adapters -----------------------------------------------------------------------------------
 
 @router.get("/models/{name}/adapters")
-async def list_adapters(request: Request, store: Store, name: str) -> JSONResponse:
+@router.get("/adapters")
+async def list_adapters(request: Request, store: Store, name: str = "") -> JSONResponse:
+    name = name or _only(store)
     records = list(named(store, name, ready=False).adapters.values())
     start, limit = _page(request.query_params.get("next_page_token", "0"), request.query_params.get("limit", "100"))
     body: dict = {"adapters": [r.describe() for r in records[start:start + limit]]}
@@ -80,12 +82,16 @@ async def list_adapters(request: Request, store: Store, name: str) -> JSONRespon
 
 
 @router.get("/models/{name}/adapters/{adapter}")
-async def describe_adapter(store: Store, name: str, adapter: str) -> JSONResponse:
+@router.get("/adapters/{adapter}")
+async def describe_adapter(store: Store, adapter: str, name: str = "") -> JSONResponse:
+    name = name or _only(store)
     return JSONResponse([_adapter(named(store, name, ready=False), adapter).describe()])
 
 
 @router.post("/models/{name}/adapters")
-async def register_adapter(request: Request, store: Store, name: str) -> JSONResponse:
+@router.post("/adapters")
+async def register_adapter(request: Request, store: Store, name: str = "") -> JSONResponse:
+    name = name or _only(store)
     model = named(store, name)
     query = dict(request.query_params)
     adapter, src = query.pop("name", ""), query.pop("src", "")
@@ -104,8 +110,9 @@ async def register_adapter(request: Request, store: Store, name: str) -> JSONRes
 
 
 @router.post("/models/{name}/adapters/{adapter}/update")
-async def update_adapter(request: Request, store: Store, name: str, adapter: str) -> JSONResponse:
-    model = named(store, name)
+@router.post("/adapters/{adapter}/update")
+async def update_adapter(request: Request, store: Store, adapter: str, name: str = "") -> JSONResponse:
+    model = named(store, name or _only(store))
     record = _adapter(model, adapter)
     options = {k: v for k, v in request.query_params.items() if k not in ("name", "src")}
     updated = AdapterRecord(record.name, record.src, {**record.options, **options})
@@ -115,12 +122,18 @@ async def update_adapter(request: Request, store: Store, name: str, adapter: str
 
 
 @router.delete("/models/{name}/adapters/{adapter}")
-async def unregister_adapter(store: Store, name: str, adapter: str) -> JSONResponse:
-    model = named(store, name)
+@router.delete("/adapters/{adapter}")
+async def unregister_adapter(store: Store, adapter: str, name: str = "") -> JSONResponse:
+    model = named(store, name or _only(store))
     record = _adapter(model, adapter)
     await _call(model, "unregister", record)  # requests running with it finish; new ones get a 404
     model.adapters.pop(adapter, None)
     return JSONResponse({"status": f"Adapter {adapter} unregistered"})
+
+
+def _only(store: ModelStore) -> str:
+    """The served model, for DJL's ``/adapters`` routes without the ``/models/{name}`` prefix."""
+    return chosen(store, None, "the /models/{name} prefix").name
 
 
 def _adapter(model: ServedModel, adapter: str) -> AdapterRecord:
