@@ -178,3 +178,18 @@ def test_deleting_an_adapter_lets_its_running_request_finish_and_refuses_new_one
     assert json.loads(text)["generated_text"] == oracle["a2"][PROMPTS[2]]
     assert step_errors(handler, payload(PROMPTS[2], "doomed"))[0] == 404
     assert manage(handler, "unregister", "doomed")[0] == 404
+
+
+def test_with_the_onednn_linear_kernel_adapter_rows_stay_equal_to_peft(smollm2_dir, adapter_dirs, oracle, tmp_path):
+    # The base layers run through oneDNN with prepacked weights; the adapters' products stay on torch's operators.
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("this torch has no oneDNN")
+    handler = Handler()
+    props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path), "rolling_batch": "scheduler",
+             "max_rolling_batch_size": "8", "enable_lora": "true", "cpu_linear_kernel": "onednn"}
+    assert handler.handle(init_input(props)) is None
+    for name, src in adapter_dirs.items():
+        assert manage(handler, "register", name, src)[0] == 200
+    jobs = [(name, prompt) for prompt in PROMPTS[:2] for name in ("a1", "", "a2", "a3")]
+    answers = serve(handler, [payload(p, a) for a, p in jobs])
+    assert [(a, p) for (a, p), got in zip(jobs, answers) if got["generated_text"] != oracle[a][p]] == []
