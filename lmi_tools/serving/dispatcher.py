@@ -216,7 +216,7 @@ class ServedModel:
             if code >= 300:
                 logger.error("[%s] adapter %s from %s was not registered: %s", self.name, record.name, record.src,
                              body.decode("utf-8", "replace"))
-                del self.adapters[record.name]
+                self.adapters.pop(record.name, None)
 
     def _call_worker(self, inputs: Input) -> tuple[int, bytes]:
         header = self.worker.predict(inputs)
