@@ -32,3 +32,28 @@ def smollm2_dir() -> Path:
         if gguf.converted_from(out):
             return out
         pytest.fail(f"{exc} ({exc.hint}); or run `lmi model smollm2` from the main environment first")
+
+
+@pytest.fixture(scope="session")
+def make_lora():
+    """``make_lora(base_dir, out, target_modules, seed, rank=8)``: a peft LoRA adapter for ``base_dir`` with random,
+    non-zero factors (peft starts B at zero: an adapter that changes nothing would prove nothing), saved to
+    ``out``; returns its path as a string."""
+    torch = pytest.importorskip("torch")
+    peft = pytest.importorskip("peft", reason="peft makes the test adapters")
+    import torch.distributed.tensor  # noqa: F401 - peft reads it unimported; transformers 5 imports it, 4.43.4 not
+    import transformers
+
+    def make(base_dir, out, targets, seed, rank=8):
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_pretrained(base_dir)
+        model = peft.get_peft_model(model, peft.LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=list(targets),
+                                                           init_lora_weights=False))
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.1)
+        model.save_pretrained(out)
+        return str(out)
+
+    return make

@@ -20,3 +20,16 @@ _service = Handler()
 
 def handle(inputs: Any) -> Any:
     return _service.handle(inputs)
+
+
+def register_adapter(inputs: Any) -> Any:
+    """DJLServing's adapter registration (``handler=register_adapter``; properties ``name``, ``src``)."""
+    return _service.manage_adapter(inputs, "register")
+
+
+def update_adapter(inputs: Any) -> Any:
+    return _service.manage_adapter(inputs, "update")
+
+
+def unregister_adapter(inputs: Any) -> Any:
+    return _service.manage_adapter(inputs, "unregister")

@@ -45,6 +45,12 @@ def invalid_field(field: str, value: Any, allowed: str) -> InvalidRequest:
     return InvalidRequest(f"{field}: {allowed}, got {shown}", field=field, value=value)
 
 
+class AdapterNotFound(InvalidRequest):
+    """A request names a LoRA adapter that is not registered (the message lists those that are)."""
+
+    status = 404
+
+
 class Cancelled(HandlerError):
     """The client went away; nginx's 499 "client closed request" (nobody reads it, but every answer says why)."""
 

@@ -15,12 +15,13 @@ import logging
 from typing import Any, Callable, Iterator
 
 from . import djl
+from . import adapters as lora
 from .backends import load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
-from .errors import HandlerError, status_of
+from .errors import HandlerError, InvalidRequest, status_of
 from .job import Job, prepare_job
 from .rolling import RollingBatch
 
@@ -37,13 +38,17 @@ class Handler:
         self.backend: Backend | None = None
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
+        self.adapters = lora.Adapters(lora.LoraOptions(), None)
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
+        options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
+        self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
         self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
+        self.engine.scheduler.max_adapters = options.max_loras
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True
 
@@ -65,7 +70,8 @@ class Handler:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
         assert self.config is not None and self.backend is not None
         try:
-            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"))
+            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
+                               adapters=self.adapters)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")
@@ -117,6 +123,28 @@ class Handler:
             for seq in job.seqs:  # the reader went away early: free the slots
                 if not seq.finished:
                     self.engine.cancel(seq)
+
+    # --- adapters: DJLServing's register_adapter / update_adapter / unregister_adapter calls ---------------
+
+    def manage_adapter(self, inputs: Any, action: str) -> Any:
+        """``action`` (register, update, unregister) on the adapter named by the ``name`` property; ``src`` is its
+        folder, the content's items its options. Answers DJL's ``{"status"...}`` message, or the error."""
+        try:
+            if not self.initialized:
+                raise InvalidRequest("the model is not loaded yet: adapters register after it loads")
+            name = str(inputs.get_property("name") or "")
+            content = inputs.get_content()
+            options = {key: inputs.get_as_string(key) for key in content.get_keys() if key and key != "data"}
+            if action == "register":
+                self.adapters.register(name, str(inputs.get_property("src") or ""), options)
+            elif action == "update":
+                self.adapters.update(name, options)
+            else:
+                self.adapters.unregister(name)
+            done = {"register": "registered", "update": "updated", "unregister": "unregistered"}[action]
+            return djl.new_output().add_as_json({"status": f"Adapter {name} {done}"})
+        except Exception as exc:  # noqa: BLE001 - a bad adapter is its own answer; the base model keeps serving
+            return self._error_output(exc)
 
     # --- errors -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from .adapters import Adapters, requested_adapters
 from .backends.base import Backend
 from .config import HandlerConfig
 from .encoding import Encoder, choose_format, dumps, error_object
@@ -78,9 +79,12 @@ class Job:
         return dumps(error_object(self.error.code, self.error.message))
 
 
-def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None) -> Job:
-    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input."""
+def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
+                adapters: Adapters | None = None) -> Job:
+    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
+    for an adapter ``adapters`` does not hold)."""
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
+    data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
     if payload.many and config.rolling and any(request.stream for request in payload.requests):
         # DJL's rolling-batch handlers refuse a list ("The 'inputs' field must be a string"); its non-rolling
@@ -90,9 +94,11 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
                             "with \"stream\": true and rolling batch, 'inputs' must be one string, one streamed "
                             "answer per request (DJL's rolling-batch handlers refuse a list too); send each prompt "
                             "as its own request, or \"stream\": false for a JSON list of answers")
+    chosen = adapters.for_inputs(named, len(payload.requests)) if adapters is not None else [None] * len(
+        payload.requests)
     accept = item.get_property("Accept")
     seqs, encoders = [], []
-    for request in payload.requests:
+    for request, adapter in zip(payload.requests, chosen):
         prompt_text, prompt_ids = _tokenize(request, backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
@@ -101,6 +107,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
         seqs.append(SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
                                   eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
                                   max_new_tokens=max_new, seed=seed))
+        seqs[-1].adapter = adapter
         fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat,
                             rolling=config.rolling and not payload.many)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))

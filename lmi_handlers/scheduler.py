@@ -3,7 +3,8 @@
 Running sequences go first, oldest first: a decoding one feeds its last token, one whose prompt is being
 prefilled in chunks feeds its next chunk. Then waiting sequences are admitted in arrival order while the
 batch has rows, the backend's KV pool has blocks for the whole prompt, and the step's prefill token
-budget lasts. A request that does not fit waits; it never fails for lack of room.
+budget lasts, and its LoRA adapter (if any) keeps the batch within ``option.max_loras`` distinct
+adapters. A request that does not fit waits; it never fails for lack of room.
 
 When a decoding sequence needs a new block and the pool is dry, the youngest running sequence is
 preempted: its blocks go back, and it waits at the head of the queue to be recomputed (prompt and the
@@ -31,6 +32,8 @@ class Scheduler:
         self.chunked = chunked and getattr(backend, "chunked_prefill", False)
         self.budget = prefill_budget if prefill_budget is not None or not self.chunked else DEFAULT_CHUNK_BUDGET
         self.preemptions = 0
+        #: Distinct LoRA adapters in one batch (``option.max_loras``); None: no limit.
+        self.max_adapters: int | None = None
 
     @property
     def kv(self) -> Any:
@@ -55,6 +58,8 @@ class Scheduler:
         prefilled_any = any(len(chunk.tokens) > 1 for chunk in chunks)
         while waiting and len(running) < self.backend.max_batch_size and budget > 0:
             seq = waiting[0]
+            if not self._adapter_fits(seq, running):
+                break  # its adapter would exceed option.max_loras: it waits for one to leave the batch
             if not self.chunked and prefilled_any and seq.length > budget:
                 break  # the rest waits for the next step; one prompt always fits
             cached = self.kv.admit(seq) if self.kv is not None else 0
@@ -68,6 +73,12 @@ class Scheduler:
             prefilled_any = True
             chunks.append(Chunk(seq, cached, seq.ids_between(cached, cached + size)))
         return chunks
+
+    def _adapter_fits(self, seq: SequenceState, running: list[SequenceState]) -> bool:
+        if seq.adapter is None or self.max_adapters is None:
+            return True
+        in_batch = {s.adapter.uid for s in running if s.adapter is not None}
+        return seq.adapter.uid in in_batch or len(in_batch) < self.max_adapters
 
     def _room_for_next_token(self, seq: SequenceState, waiting: deque[SequenceState],
                              running: list[SequenceState]) -> bool:

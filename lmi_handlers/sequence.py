@@ -39,6 +39,8 @@ class SequenceState:
         self.num_cached = 0
         #: (draft tokens proposed, of which accepted) when the backend speculates for this sequence, else None.
         self.speculation: tuple[int, int] | None = None
+        #: The LoRA adapter this sequence runs with (``adapters.Adapter``), None for the base model.
+        self.adapter: Any = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._detokenizer = IncrementalDetokenizer(decode, self.prompt_ids)

@@ -57,14 +57,14 @@ def upload(source: Path = typer.Argument(..., help="model.tar.gz, or a model dir
     typer.echo(str(plan.uri))
 
 
-def env_pairs(pairs: list[str]) -> dict[str, str]:
+def env_pairs(pairs: list[str], option: str = "--env", example: str = "OPTION_DTYPE=fp16") -> dict[str, str]:
     from ..errors import UsageError
 
     environment = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise UsageError(f"--env {pair.split('=')[0]!r} is not KEY=VALUE", hint="e.g. --env OPTION_DTYPE=fp16")
+            raise UsageError(f"{option} {pair.split('=')[0]!r} is not KEY=VALUE", hint=f"e.g. {option} {example}")
         environment[key] = value
     return environment
 
@@ -130,6 +130,9 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            accelerators: Optional[int] = typer.Option(None, help="With --component and no --model-dir: "
                                                                  "NeuronCores or GPUs per copy"),
            memory_mb: int = typer.Option(1024, help="With --accelerators: host memory per copy in MiB"),
+           adapter: list[str] = typer.Option([], "--adapter", help="With --component: NAME=s3://.../adapter.tar.gz, a "
+                                                                  "LoRA adapter component on it (repeatable); an "
+                                                                  "existing --component only gets the adapters"),
            spec: Optional[Path] = typer.Option(None, is_eager=True, callback=_read_spec,
                                                help="TOML/JSON file of these settings (keys: the option names "
                                                     "with _); options given here win"),
@@ -155,8 +158,14 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
                           autoscaling=scaling)
     if component:
         _deploy_component(sess, spec, component, copies, model_dir, accelerators, memory_mb, wait_timeout,
-                          poll_interval, check, dry_run)
+                          poll_interval, check, dry_run,
+                          env_pairs(adapter, "--adapter", "a1=s3://bucket/adapters/a1.tar.gz"))
         return
+    if adapter:
+        from ..errors import UsageError
+
+        raise UsageError("--adapter needs --component, the base component the adapters go on",
+                         hint="e.g. --name llm-pool --component base --adapter a1=s3://bucket/a1.tar.gz")
     plan = lib.plan_deployment(spec)
     if dry_run:
         typer.echo(json.dumps(plan.as_json(), indent=2))
@@ -182,7 +191,7 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
 
 def _deploy_component(sess, spec, component: str, copies: int, model_dir: Optional[Path],
                       accelerators: Optional[int], memory_mb: int, wait_timeout: int, poll_interval: int, check: bool,
-                      dry_run: bool) -> None:
+                      dry_run: bool, adapters: dict[str, str]) -> None:
     from ..errors import UsageError
     from ..sagemaker import aws
     from ..sagemaker import components as lib
@@ -194,19 +203,28 @@ def _deploy_component(sess, spec, component: str, copies: int, model_dir: Option
     resources = lib.size_model(model_dir, spec.instance) if model_dir else \
         lib.Resources(accelerators, memory_mb, f"--accelerators {accelerators} --memory-mb {memory_mb}")
     plan = lib.plan_component(lib.ComponentSpec(spec, component, resources, copies))
+    adapter_calls = lib.plan_adapters(spec.name, component, adapters)
     if dry_run:
-        typer.echo(json.dumps(plan.as_json(), indent=2))
+        extra = {"then_adapters": [call.as_json() for call in adapter_calls]} if adapter_calls else {}
+        typer.echo(json.dumps({**plan.as_json(), **extra}, indent=2))
         return
     console = stderr_console()
     sm, s3 = aws.client(sess, "sagemaker"), aws.client(sess, "s3")
     scaler = aws.client(sess, "application-autoscaling") if plan.scaling else None
     with console.status(f"deploying {component} on {spec.name}") as status:
-        result = lib.deploy_component(sm, s3, plan, scaler, wait_timeout, poll_interval,
-                                      on_step=lambda message: console.print(message),
-                                      on_status=lambda state, elapsed: status.update(f"{state} ({elapsed:.0f} s)"),
-                                      check=check)
+        on_status = lambda state, elapsed: status.update(f"{state} ({elapsed:.0f} s)")  # noqa: E731
+        if adapter_calls and lib.component_exists(sm, component):
+            result = lib.describe_component(sm, component)  # the base is there: add the adapters to it
+        else:
+            result = lib.deploy_component(sm, s3, plan, scaler, wait_timeout, poll_interval,
+                                          on_step=lambda message: console.print(message), on_status=on_status,
+                                          check=check)
+        added = lib.deploy_adapters(sm, adapter_calls, wait_timeout, poll_interval,
+                                    on_step=lambda message: console.print(message), on_status=on_status)
     typer.echo(json.dumps({"EndpointName": spec.name, "InferenceComponentName": component,
-                           "InferenceComponentStatus": result.get("InferenceComponentStatus")}))
+                           "InferenceComponentStatus": result.get("InferenceComponentStatus"),
+                           **({"Adapters": {d["InferenceComponentName"]: d.get("InferenceComponentStatus")
+                                            for d in added}} if added else {})}))
 
 
 def invoke(endpoint: str = typer.Argument(..., help="Endpoint name"),

@@ -7,6 +7,11 @@ Application Auto Scaling can change (``scaling.py``). Invocations name the compo
 (``InferenceComponentName``, sent as ``X-Amzn-SageMaker-Inference-Component``). Parking a model is scaling its
 component in; switching the model an endpoint serves is adding one component and deleting another.
 
+LoRA adapters are components of their own on a base component (``plan_adapters``): each names the base
+(``BaseInferenceComponentName``) and its adapter's artifact (a tar.gz of the adapter's folder), takes no
+accelerators of its own, and is called by its name like any component; SageMaker hands the container the adapter
+and, per request, its name in ``X-Amzn-SageMaker-Adapter-Identifier``.
+
 Sizing comes from ``lmi validate``: the model directory that was packaged is validated on the instance type,
 its TP degree is the number of accelerators per copy (NeuronCores on inf2/trn1, GPUs on G5, the unit
 ``lmi_tools/instances.py`` counts), and the host RAM to load one copy is its memory. A plan whose copies cannot
@@ -16,6 +21,7 @@ fit the instances is refused before any AWS call.
 from __future__ import annotations
 
 import math
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +43,8 @@ MIB = 1024**2
 #: (our choice; the API's own minimum is 128).
 MIN_MEMORY_MB = 1024
 COMPONENT_FAILED = frozenset({"Failed"})
+#: SageMaker's resource names (``InferenceComponentName``).
+NAME = re.compile(r"[a-zA-Z0-9](-*[a-zA-Z0-9]){0,62}")
 
 
 @dataclass(frozen=True)
@@ -166,6 +174,28 @@ def plan_component(spec: ComponentSpec) -> ComponentPlan:
     return ComponentPlan(spec, endpoint_calls, (model, component), scaling_calls, image.uri)
 
 
+def plan_adapters(endpoint: str, base: str, adapters: dict[str, str]) -> tuple[ApiCall, ...]:
+    """One adapter component per ``name -> s3://.../adapter.tar.gz`` on the component ``base`` of ``endpoint``."""
+    calls = []
+    for name, uri in adapters.items():
+        if not NAME.fullmatch(name) or name == base:
+            raise UsageError(f"--adapter {name}={uri}: {name!r} is not a component name of its own",
+                             hint="1-63 letters, digits and hyphens, not the base component's name")
+        S3Uri.parse(uri, f"--adapter {name}")
+        calls.append(ApiCall("create_inference_component", {
+            "InferenceComponentName": name, "EndpointName": endpoint,
+            "Specification": {"BaseInferenceComponentName": base, "Container": {"ArtifactUrl": uri}}}))
+    return tuple(calls)
+
+
+def deploy_adapters(sm, calls: tuple[ApiCall, ...], timeout_s: float = 3600, poll_s: float = 30,
+                    on_step: Callable[[str], None] | None = None, on_status: StatusCallback | None = None) -> list[dict]:
+    """Create the adapter components, then wait for each until InService; their last descriptions."""
+    create_all(sm, calls, on_step)
+    return [wait_component(sm, call.params["InferenceComponentName"], timeout_s, poll_s, on_status)
+            for call in calls]
+
+
 # --- talking to AWS -------------------------------------------------------------------------------
 
 def describe_component(sm, name: str) -> dict:
@@ -200,6 +230,16 @@ def components_table(sm, endpoint: str) -> list[dict]:
                      "memory_mb": needs.get("MinMemoryRequiredInMb"),
                      **({"failure": description["FailureReason"]} if description.get("FailureReason") else {})})
     return rows
+
+
+def component_exists(sm, name: str) -> bool:
+    try:
+        describe_component(sm, name)
+    except AwsError as exc:
+        if _not_found(exc):
+            return False
+        raise
+    return True
 
 
 def _not_found(exc: AwsError) -> bool:

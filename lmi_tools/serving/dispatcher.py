@@ -30,6 +30,7 @@ from typing import Any, Callable
 from lmi_handlers.errors import Cancelled
 from lmi_handlers.protocol import Input
 
+from .adapters import AdapterRecord, adapter_input, folder_adapters
 from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
 from .worker.codec import OutputHeader, StreamBroken
 from .worker.frontend import RollingBatchLoop, RollingRequest, StepItem, batch_input
@@ -115,6 +116,19 @@ class QueueFull(Exception):
     pass
 
 
+class HandlerCall:
+    """A call to one of the handler's other functions (``register_adapter``...), run between two steps."""
+
+    def __init__(self, inputs: Input):
+        self.inputs = inputs
+        self.code, self.body = 503, b""
+        self.done = threading.Event()
+
+    def finish(self, code: int, body: bytes) -> None:
+        self.code, self.body = code, body
+        self.done.set()
+
+
 class ServedModel:
     """One model's job queue and the dispatcher thread that feeds its worker (``worker``: tests pass a fake)."""
 
@@ -126,6 +140,10 @@ class ServedModel:
         self.jobs: queue.Queue[PendingRequest] = queue.Queue(maxsize=settings.job_queue_size)
         self.restarts = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
+        #: The adapters registered on this model (as Java keeps them): re-registered whenever a worker starts.
+        self.adapters: dict[str, AdapterRecord] = folder_adapters(settings.worker.model_dir,
+                                                                   settings.worker.init_properties)
+        self._calls: queue.Queue[HandlerCall] = queue.Queue()
         self._stop = threading.Event()
         self._stop_reason = ""
         self._ready = threading.Event()
@@ -157,6 +175,15 @@ class ServedModel:
             raise QueueFull(f"model {self.name}: job queue is full ({self.settings.job_queue_size} requests); "
                             "retry later") from None
 
+    def call_handler(self, inputs: Input, timeout: float) -> tuple[int, bytes]:
+        """Run ``inputs`` (a handler call other than inference) on the worker between two steps, and return its
+        status and body: 503 when the model cannot run it."""
+        call = HandlerCall(inputs)
+        self._calls.put(call)
+        if not call.done.wait(timeout):
+            return 503, json.dumps({"error": f"model {self.name} did not answer within {timeout:g} s"}).encode()
+        return call.code, call.body
+
     def describe(self) -> dict[str, Any]:
         worker = {"id": self.worker.pid, "status": "READY" if self.status is Status.READY else self.status.value,
                   "restarts": self.restarts}
@@ -178,8 +205,43 @@ class ServedModel:
             self.status, self.failure = Status.FAILED, str(exc)
             logger.error("[%s] %s", self.name, exc)
             return False
+        try:
+            self._register_adapters()
+        except WorkerDied as exc:
+            self.status, self.failure = Status.FAILED, f"the worker died registering adapters: {exc}"
+            return False
         self.status, self.failure = Status.READY, None
         return True
+
+    def _register_adapters(self) -> None:
+        """Register every adapter this model has (at start: those of its ``adapters/`` folder) on the new worker;
+        one that fails is logged and dropped, and the base model serves on."""
+        for record in list(self.adapters.values()):
+            code, body = self._call_worker(adapter_input("register", record))
+            if code >= 300:
+                logger.error("[%s] adapter %s from %s was not registered: %s", self.name, record.name, record.src,
+                             body.decode("utf-8", "replace"))
+                self.adapters.pop(record.name, None)
+
+    def _call_worker(self, inputs: Input) -> tuple[int, bytes]:
+        header = self.worker.predict(inputs)
+        if header.is_stream:
+            for _ in self.worker.stream():
+                pass
+            return 500, b'{"error": "the handler streamed its answer to an adapter call"}'
+        return header.code, _body(header) if header.content is not None and header.content.size() else b""
+
+    def _run_calls(self) -> None:
+        while True:
+            try:
+                call = self._calls.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                call.finish(*self._call_worker(call.inputs))
+            except WorkerDied as exc:
+                call.finish(503, json.dumps({"error": f"model {self.name}: {exc}"}).encode())
+                self._recover(str(exc))
 
     def _run(self) -> None:
         loaded = self._load()
@@ -189,10 +251,13 @@ class ServedModel:
             return
         step = self._rolling_step if self.settings.rolling else self._plain_step
         while not self._stop.is_set():
+            self._run_calls()
             step()
 
     def _drain_failed(self) -> None:
         while not self._stop.is_set():
+            while not self._calls.empty():
+                self._calls.get_nowait().finish(503, json.dumps({"error": f"model {self.name} failed to load"}).encode())
             try:
                 self.jobs.get(timeout=0.2).fail(503, f"model {self.name} failed to load (details in the server log)")
             except queue.Empty:

@@ -203,18 +203,24 @@ class ModelStore:
     def register_url(self, name: str, url: str, overrides: Mapping[str, str] | None = None) -> ServedModel:
         """``register`` for the management API: loading a directory runs its code, so only a directory whose
         resolved path matches ``model_url_pattern`` may be loaded."""
-        pattern = self.server.model_url_pattern
-        resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
-        if pattern is None:
-            raise NotAllowed("loading models by URL is off: start lmi serve with --model-url-pattern REGEX to "
-                             "allow the model directories that match it")
-        if re.fullmatch(pattern, resolved) is None:
-            raise NotAllowed(f"model URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        resolved = self.allowed(url, "model")
         outside = code_outside(Path(resolved))
         if outside:
             raise NotAllowed(f"model URL {url}: {outside}; --model-url-pattern bounds the code a model runs as well "
                              "as its directory")
         return self.register(name, url, overrides)
+
+    def allowed(self, url: str, what: str) -> str:
+        """``url``'s resolved path when ``model_url_pattern`` lets the management API load it (a model directory, an
+        adapter's folder), else ``NotAllowed``."""
+        pattern = self.server.model_url_pattern
+        resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
+        if pattern is None:
+            raise NotAllowed(f"loading {what}s by URL is off: start lmi serve with --model-url-pattern REGEX to "
+                             "allow the directories that match it")
+        if re.fullmatch(pattern, resolved) is None:
+            raise NotAllowed(f"{what} URL {url} (resolved to {resolved}) does not match --model-url-pattern {pattern}")
+        return resolved
 
     def unregister(self, name: str, reason: str | None = None) -> bool:
         """Unload a model; its queued and running requests end at once with a 503 that says ``reason``."""

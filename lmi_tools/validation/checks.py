@@ -13,6 +13,7 @@ from pathlib import Path
 
 from lmi_handlers.config import ConfigError, parse_bool
 
+from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
@@ -49,6 +50,7 @@ def run_checks(target: Target) -> list[Finding]:
     findings.extend(check_batching(target))
     findings.extend(check_dtype(target))
     findings.extend(fit_checks(target))
+    findings.extend(check_adapters(target))
     return findings
 
 

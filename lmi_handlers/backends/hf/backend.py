@@ -37,6 +37,7 @@ from .cpu.kernels import check_target, parse_kernels
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import build_kernel, decode_reader
 from .cpu.onednn_linear import prepack_linears
+from .lora import LoraRows, load_lora
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
@@ -161,6 +162,7 @@ class HFBackend:
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model
         self.device = next(model.parameters()).device
+        self.lora_rows = LoraRows(torch, self.device)
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
         self.max_sequence_length = model_max_positions(model.config)
         if config.max_model_len:
@@ -209,6 +211,13 @@ class HFBackend:
         logger.info("speculative decoding: %s, up to %d tokens per step", self.runner.speculator.method,
                     options.length)
         return self.runner.speculator
+
+    def load_adapter(self, spec: Any) -> Any:
+        """A LoRA adapter's weights (``adapters.AdapterSpec``), checked against the model, ready for its rows."""
+        with self.torch.inference_mode():
+            weights = load_lora(self.torch, self.model, self.lora_rows, spec)
+        logger.info("adapter %s: %d modules, %.1f MiB", spec.name, len(weights.modules), weights.bytes / 2**20)
+        return weights
 
     def speculation_stats(self) -> dict[str, Any]:
         """Draft tokens proposed and accepted so far, for the engine's stats line ({} without speculation)."""
@@ -300,12 +309,15 @@ class NativeRunner:
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         new, running = split_batch(batch)
         seqs, rows = [], []
+        lora = self.backend.lora_rows
         for seq in new:
-            logits, seq.backend_state = self.logits_for(seq.prompt_ids)
+            with lora.select([seq.adapter], [len(seq.prompt_ids)]):
+                logits, seq.backend_state = self.logits_for(seq.prompt_ids)
             seqs.append(seq)
             rows.append(logits)
         for seq in running:
-            logits, seq.backend_state = self.logits_for(seq.generated[-1:], seq.backend_state)
+            with lora.select([seq.adapter], [1]):
+                logits, seq.backend_state = self.logits_for(seq.generated[-1:], seq.backend_state)
             seqs.append(seq)
             rows.append(logits)
         if not seqs:
@@ -400,22 +412,25 @@ class PagedRunner:
         ids, positions, write, read, mask = \
             self._decode_inputs(chunks) if width == 1 else self._chunk_inputs(chunks, width)
         self.cache.plan(write, read, read.shape[1] - width)
-        logits, _ = self.backend.forward(ids, last, attention_mask=mask, cache=self.cache,
-                                         position_ids=positions)
+        with self.backend.lora_rows.select([c.seq.adapter for c in chunks], [width] * len(chunks)):
+            logits, _ = self.backend.forward(ids, last, attention_mask=mask, cache=self.cache,
+                                             position_ids=positions)
         return logits
 
     def _packed_forward(self, chunks: Sequence[Chunk]) -> Any:
         """One row of every chunk's tokens, one-token chunks first (``packed_attention``); logits in ``chunks``'
         order."""
         order = sorted(range(len(chunks)), key=lambda i: len(chunks[i].tokens) > 1)
-        ids, positions, write, keep, packed = self._packed_inputs([chunks[i] for i in order])
+        ordered = [chunks[i] for i in order]
+        ids, positions, write, keep, packed = self._packed_inputs(ordered)
         self.cache.plan(write, None, 0)
         config = self.backend.model.config
         stock = switch_attention(config, PACKED_ATTENTION)
         try:
             cache = {self.backend.cache_keyword: self.cache}
-            logits = self.backend.model(input_ids=ids, position_ids=positions, attention_mask=self.no_mask, **cache,
-                                        use_cache=True, logits_to_keep=keep, lmi_packed=packed).logits[0]
+            with self.backend.lora_rows.select([c.seq.adapter for c in ordered], [len(c.tokens) for c in ordered]):
+                logits = self.backend.model(input_ids=ids, position_ids=positions, attention_mask=self.no_mask,
+                                            **cache, use_cache=True, logits_to_keep=keep, lmi_packed=packed).logits[0]
         finally:
             switch_attention(config, stock)
         if order != sorted(order):

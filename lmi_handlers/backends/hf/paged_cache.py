@@ -31,7 +31,7 @@ from typing import Any, Mapping
 
 from ...config import ConfigError, parse_bool, parse_float, parse_int
 from ...sequence import SequenceState
-from .prefix_cache import ROOT, PrefixCache, block_key
+from .prefix_cache import PrefixCache, block_key, root_key
 
 POOL_KEYS = frozenset({"block_size", "num_gpu_blocks_override", "kv_cache_memory_bytes", "gpu_memory_utilization",
                        "enable_prefix_caching"})
@@ -104,7 +104,8 @@ class BlockManager:
         already in the cache (prefix hits), or None when the pool cannot hold it now (it waits)."""
         tokens = seq.all_ids
         # The last token is always computed: its logits choose the next one.
-        hits = self.prefix.match(tokens[:-1], self.block_size) if self.prefix is not None else []
+        root = root_key(seq.adapter)
+        hits = self.prefix.match(tokens[:-1], self.block_size, root) if self.prefix is not None else []
         parked = sum(1 for block in hits if self.refs[block] == 0)
         needed = math.ceil((len(tokens) + 1) / self.block_size) - len(hits)
         if needed > self.available - parked:
@@ -115,7 +116,7 @@ class BlockManager:
             self.refs[block] += 1
         self.tables[seq.uid] = hits + [self._allocate() for _ in range(needed)]
         if self.prefix is not None:
-            self._keyed[seq.uid] = (len(hits), self.prefix.key_of[hits[-1]] if hits else ROOT)
+            self._keyed[seq.uid] = (len(hits), self.prefix.key_of[hits[-1]] if hits else root)
             self.prompt_tokens += len(tokens)
             self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size

@@ -1,7 +1,8 @@
 """Prefix caching: full KV blocks keyed by their token content, shared between sequences.
 
 A block is keyed by its own tokens and the key of the block before it, so a key names the whole prefix
-up to the block's end. ``match`` finds the longest run of cached blocks at the start of a prompt. Blocks
+up to the block's end. A sequence with a LoRA adapter starts its chain from the adapter's own root
+(``root_key``): keys and values computed under one adapter never serve another, nor the base model. ``match`` finds the longest run of cached blocks at the start of a prompt. Blocks
 nobody uses any more stay cached (``park``) until the pool needs them back, least recently used first
 (``evict``). Reference counts live in the block manager (``paged_cache.BlockManager``); this module only
 knows which blocks hold which prefix.
@@ -10,9 +11,14 @@ knows which blocks hold which prefix.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Hashable, Sequence
+from typing import Any, Hashable, Sequence
 
 ROOT: Hashable = None
+
+
+def root_key(adapter: Any) -> Hashable:
+    """Where a sequence's chain of block keys starts: the base model's root, or its adapter registration's."""
+    return ROOT if adapter is None else ("adapter", adapter.uid)
 
 
 def block_key(parent: Hashable, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
@@ -29,10 +35,10 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self.idle)
 
-    def match(self, tokens: Sequence[int], block_size: int) -> list[int]:
-        """The cached blocks holding the longest prefix of ``tokens`` made of full blocks."""
+    def match(self, tokens: Sequence[int], block_size: int, root: Hashable = ROOT) -> list[int]:
+        """The cached blocks holding the longest prefix of ``tokens`` made of full blocks, from ``root``."""
         found: list[int] = []
-        key: Hashable = ROOT
+        key: Hashable = root
         for start in range(0, len(tokens) - block_size + 1, block_size):
             key = block_key(key, tokens[start:start + block_size])
             block = self.block_of.get(key)

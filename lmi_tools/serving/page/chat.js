@@ -97,7 +97,8 @@ async function refreshModels() {
   const select = $("model");
   const chosen = select.value;
   models = Object.fromEntries(listing.models.map((m) => [m.name, m.status]));
-  select.replaceChildren(...listing.models.map((m) => new Option(`${m.name} (${m.status})`, m.name)));
+  const label = (m) => (m.parent ? `${m.parent} + adapter ${m.name}` : m.name) + ` (${m.status})`;
+  select.replaceChildren(...listing.models.map((m) => new Option(label(m), m.name)));
   const ready = listing.models.find((m) => m.status === "READY");
   select.value = chosen && chosen in models ? chosen : (ready || listing.models[0] || {}).name || "";
   showStatus();

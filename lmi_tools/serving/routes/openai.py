@@ -1,11 +1,12 @@
 """OpenAI's API: ``POST /v1/chat/completions``, ``POST /v1/completions``, ``GET /v1/models[/{id}]``.
 
 The body's ``model`` picks among the served models (with one model loaded, a name the server does not know
-reaches it, as clients send names of their own; a model it knows but has not loaded is a 503); errors come in
-OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the ``openai`` client shows the message.
-Chat bodies go to the handler as they are (it speaks OpenAI's chat); completions are translated into LMI's schema
-(``generation.py``) and answered as ``text_completion`` objects, streamed as server-sent events ending with
-``data: [DONE]``.
+reaches it, as clients send names of their own; a model it knows but has not loaded is a 503), and a LoRA adapter's
+name calls that adapter on its model, as vLLM's server does (``GET /v1/models`` lists adapters with their
+``parent``); errors come in OpenAI's shape ``{"error": {"message", "type", "param", "code"}}`` so the ``openai``
+client shows the message. Chat bodies go to the handler as they are (it speaks OpenAI's chat); completions are
+translated into LMI's schema (``generation.py``) and answered as ``text_completion`` objects, streamed as
+server-sent events ending with ``data: [DONE]``.
 """
 
 from __future__ import annotations
@@ -51,7 +52,12 @@ def error(code: int, message: str) -> JSONResponse:
 
 @router.get("/v1/models")
 async def models(store: Store) -> JSONResponse:
-    return JSONResponse({"object": "list", "data": [_model_object(m) for m in store.models.values()]})
+    data = []
+    for m in store.models.values():
+        data.append(_model_object(m))
+        # LoRA adapters are models of their own, as vLLM's server lists them: "model": "<adapter>" calls one.
+        data += [{**_model_object(m), "id": a, "parent": m.name} for a in m.adapters]
+    return JSONResponse({"object": "list", "data": data})
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -75,7 +81,10 @@ async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
     body = json_object(raw) if raw.strip() else {}
     model = _model(store, request, body.get("model"))
-    if isinstance(body.get("model"), str) and body["model"] != model.name:
+    adapter = _adapter(model, body.get("model"))
+    if adapter is not None:
+        raw = json.dumps({**body, "adapters": adapter}).encode()
+    elif isinstance(body.get("model"), str) and body["model"] != model.name:
         # a name of the client's own, answered by the one loaded model: the answer names the model that answered
         raw = json.dumps({**body, "model": model.name}).encode()
     pending = await submit(request, store, model, body=raw)
@@ -118,8 +127,10 @@ async def completions(request: Request, store: Store) -> Response:
                                                     "supported)")
     stream = flag(body, "stream")
     parameters = _parameters(body)
-    items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
-                           stream=stream)
+    adapter = _adapter(model, body.get("model"))
+    lmi = {"inputs": prompt, "parameters": parameters, "stream": stream,
+           **({"adapters": adapter} if adapter is not None else {})}
+    items = await generate(request, store, model, lmi, stream=stream)
     completion = _Completion(model.name, body)
     if stream:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
@@ -168,12 +179,20 @@ def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
     name = name or request.query_params.get("model_name")
     if isinstance(name, str) and (name in store.models or name in store.catalog):
         return named(store, name)  # a model this server knows answers for itself, or not at all
+    owner = next((m for m in store.models.values() if isinstance(name, str) and name in m.adapters), None)
+    if owner is not None:
+        return named(store, owner.name)
     if len(store.models) == 1:  # clients send model names of their own; the one loaded model answers them
         return named(store, next(iter(store.models)))
     served = ", ".join(store.models) or "none"
     if not name:
         raise HttpError(400, "BadRequestException", f"model is required: this server has several models ({served})")
     raise HttpError(404, "ModelNotFoundException", f"The model `{name}` does not exist: this server has {served}")
+
+
+def _adapter(model: ServedModel, name: Any) -> str | None:
+    """The adapter that ``model`` (the body's field) names on ``model``, as vLLM's server serves LoRA modules."""
+    return name if isinstance(name, str) and name != model.name and name in model.adapters else None
 
 
 async def _chat_stream(pending: PendingRequest, first: Chunk, count: Callable[[bytes], None]) -> AsyncIterator[bytes]:

@@ -1,7 +1,8 @@
 """The chat page: ``GET /`` and its assets under ``/ui/``, and the model menu it drives.
 
 ``GET /ui/models`` lists the models the operator named when starting ``lmi serve`` (and any loaded through
-the management API) with their status; ``POST /ui/models/{name}/activate`` loads one of the operator's models,
+the management API) with their status, each loaded model followed by its LoRA adapters (``parent`` names the
+model); ``POST /ui/models/{name}/activate`` loads one of the operator's models,
 unloading the others with ``--one-at-a-time``. The page can name no directory of its own: loading by URL
 stays on the management listener.
 """
@@ -31,8 +32,13 @@ async def page() -> HTMLResponse:
 
 @router.get("/ui/models")
 async def models(store: Store) -> JSONResponse:
-    return JSONResponse({"models": [{"name": n, "status": s} for n, s in store.statuses().items()],
-                         "one_at_a_time": store.one_at_a_time})
+    listing = []
+    for name, status in store.statuses().items():
+        listing.append({"name": name, "status": status})
+        # A loaded model's LoRA adapters: the page asks for one by its name, as OpenAI's "model" (openai.py).
+        served = store.models.get(name)
+        listing += [{"name": a, "status": status, "parent": name} for a in (served.adapters if served else ())]
+    return JSONResponse({"models": listing, "one_at_a_time": store.one_at_a_time})
 
 
 @router.post("/ui/models/{name}/activate")

@@ -105,10 +105,11 @@ async def read_body(request: Request, store: ModelStore) -> bytes:
 
 
 async def submit(request: Request, store: ModelStore, model: ServedModel, sagemaker: bool = False,
-                 body: bytes | None = None, accept: str | None = None) -> PendingRequest:
+                 body: bytes | None = None, accept: str | None = None,
+                 extra: list[tuple[str, str]] = []) -> PendingRequest:
     """Queue the request on ``model``; ``body`` and ``accept`` replace the client's (a route that translates
-    another API's schema into LMI's sends its own)."""
-    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw]
+    another API's schema into LMI's sends its own); ``extra`` headers are those a platform adds (SageMaker's)."""
+    headers = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in request.headers.raw] + extra
     if body is None:
         body = await read_body(request, store)
     else:

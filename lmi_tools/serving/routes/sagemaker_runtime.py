@@ -5,7 +5,8 @@ errors (``x-amzn-ErrorType``), a model's own error as SageMaker's 424 ``ModelErr
 in AWS event-stream framing (``eventstream.py``).
 
 Inference components: boto3 sends ``InferenceComponentName`` as the ``X-Amzn-SageMaker-Inference-Component``
-header, which picks the model of that name. With ``lmi serve --endpoint NAME`` the server plays an endpoint of
+header, which picks the model of that name; an adapter component's name (a LoRA adapter registered on a served
+model) picks its model, and reaches the handler as SageMaker sends it, in ``X-Amzn-SageMaker-Adapter-Identifier``. With ``lmi serve --endpoint NAME`` the server plays an endpoint of
 inference components called NAME: other endpoint names are not found, and a request without the header is
 refused, as on SageMaker, where an endpoint's name is never one of its components' names.
 """
@@ -18,6 +19,7 @@ from typing import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response, StreamingResponse
+from lmi_handlers.adapters import SAGEMAKER_HEADER
 from lmi_handlers.errors import Cancelled
 
 from .. import eventstream
@@ -34,7 +36,8 @@ async def sagemaker_invoke(request: Request, store: Store, endpoint: str) -> Res
     model = _endpoint(store, endpoint, request.headers.get(COMPONENT_HEADER))
     if isinstance(model, Response):
         return model
-    return await sagemaker_answer(request, await submit(request, store, model, sagemaker=True), endpoint)
+    pending = await submit(request, store, model, sagemaker=True, extra=_adapter(model, request))
+    return await sagemaker_answer(request, pending, endpoint)
 
 
 @router.post("/endpoints/{endpoint}/invocations-response-stream", openapi_extra=RAW_BODY)
@@ -42,7 +45,7 @@ async def sagemaker_stream(request: Request, store: Store, endpoint: str) -> Res
     model = _endpoint(store, endpoint, request.headers.get(COMPONENT_HEADER))
     if isinstance(model, Response):
         return model
-    pending = await submit(request, store, model, sagemaker=True)
+    pending = await submit(request, store, model, sagemaker=True, extra=_adapter(model, request))
     return await sagemaker_event_stream(request, pending, endpoint, store.server.sagemaker_part_size)
 
 
@@ -52,10 +55,11 @@ def _endpoint(store: ModelStore, endpoint: str, component: str | None) -> Served
     if served and endpoint != served:
         return missing
     if component:
-        if not _known(store, component):
+        owner = next((m for m in store.models.values() if component in m.adapters), None)
+        if owner is None and not _known(store, component):
             return _aws_error(400, "ValidationError", f"Inference component {component} not found on endpoint "
                                                       f"{endpoint}.")
-        name: str | None = component
+        name: str | None = owner.name if owner is not None else component  # an adapter is served by its model
     elif served:
         return _aws_error(400, "ValidationError", f"Endpoint {endpoint} hosts inference components: name one "
                                                   "with InferenceComponentName.")
@@ -74,6 +78,12 @@ def _endpoint(store: ModelStore, endpoint: str, component: str | None) -> Served
 
 def _known(store: ModelStore, name: str) -> bool:
     return name in store.models or name in store.catalog
+
+
+def _adapter(model: ServedModel, request: Request) -> list[tuple[str, str]]:
+    """SageMaker's adapter header when the inference component named is one of ``model``'s adapters."""
+    component = request.headers.get(COMPONENT_HEADER)
+    return [(SAGEMAKER_HEADER, component)] if component and component in model.adapters else []
 
 
 def _aws_error(status: int, code: str, message: str, **fields: object) -> Response:

@@ -25,7 +25,7 @@ PATHS = ("/generate", "/generate_stream", "/info", "/")
 
 #: TGI parameters this server has no use for, and the values that mean "off".
 NEUTRAL = {"best_of": (1,), "decoder_input_details": (False,), "watermark": (False,), "top_n_tokens": (0,),
-           "typical_p": (1, 1.0), "frequency_penalty": (0, 0.0), "truncate": (), "grammar": (), "adapter_id": ()}
+           "typical_p": (1, 1.0), "frequency_penalty": (0, 0.0), "truncate": (), "grammar": ()}
 
 
 def error(code: int, message: str) -> JSONResponse:
@@ -65,8 +65,10 @@ async def _answer(request: Request, store: Store, stream: bool | None, listed: b
     params = drop_nulls(body.get("parameters") or {})
     refuse_unsupported(params, NEUTRAL)
     details = bool(params.get("details", False))
+    adapter = params.pop("adapter_id", None)  # a LoRA adapter registered on the model: DJL's "adapters" field
     lmi = {"inputs": body["inputs"], "stream": stream,
-           "parameters": {**{k: v for k, v in params.items() if k not in NEUTRAL}, "details": True}}
+           "parameters": {**{k: v for k, v in params.items() if k not in NEUTRAL}, "details": True},
+           **({"adapters": adapter} if adapter is not None else {})}
     items = await generate(request, store, model, lmi, stream)
     if stream:
         return StreamingResponse(_events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
