@@ -10,6 +10,21 @@ import typer
 
 from .errors import ToolError
 
+
+def _flag_type_hidden() -> None:
+    """typer 0.29's rich --help prints a flag's type as if it took a value (``--force <bool>``), where its plain
+    help and click print none: print none there either."""
+    from typer.core import TyperOption
+
+    display_type_rich = TyperOption.display_type_rich
+
+    def without_flags(self: TyperOption, ctx) -> str | None:
+        return None if self.is_flag or self.count else display_type_rich(self, ctx)
+
+    TyperOption.display_type_rich = without_flags
+
+
+_flag_type_hidden()
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Build, validate, serve, package, deploy and benchmark LLM handlers for DJLServing / "
                        "AWS LMI containers.")

@@ -103,13 +103,29 @@ def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
         raise UsageError(f"{path} is truncated or corrupt: {exc}") from None
 
 
+#: The compressions tarfile reads, by their first bytes.
+COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+
+
 def open_archive(path: Path) -> tarfile.TarFile:
     try:
         return tarfile.open(path, "r:*")
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist") from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise UsageError(f"{path} is not a tar archive (or is truncated): {exc}") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        raise UsageError(_not_an_archive(path), hint="lmi package writes a model.tar.gz") from None
+
+
+def _not_an_archive(path: Path) -> str:
+    """Why tarfile could not open ``path``, in one sentence: tarfile's own message lists one failure per method."""
+    if path.is_dir():
+        return f"{path} is a directory, not a tar archive"
+    with path.open("rb") as stream:
+        head = stream.read(8)
+    compression = next((name for magic, name in COMPRESSIONS.items() if head.startswith(magic)), None)
+    if compression:
+        return f"{path} is {compression}-compressed but not a tar archive, or is truncated"
+    return f"{path} is not a tar archive (plain, gzip, bzip2 or xz): {path.stat().st_size:,} bytes of something else"
 
 
 def inspect_artifact(path: str | Path) -> ArtifactReport:
