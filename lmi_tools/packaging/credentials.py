@@ -62,8 +62,8 @@ OWN_RULES = [
 ]
 #: NAME_PASSWORD=value as in shell, .ini and .conf files (detect-secrets' keyword rule wants the value quoted, and
 #: reads line by line, far slower); a value that refers to elsewhere ($VAR, os.environ, {{ template }},
-#: <placeholder>) or is code (a call, an index) is not a secret. The name's line start is checked apart (ASSIGNED_NAME): leading with it would
-#: make the search try every line.
+#: <placeholder>) or is code (a call, an index) is not a secret. The start of the line is checked apart
+#: (ASSIGNED_NAME): a pattern that began with it would make the search try every line.
 ASSIGNED_SECRET = re.compile(rb"(?:PASSWORD|PASSWD|SECRET|SECRET_KEY|API_KEY|ACCESS_KEY|PRIVATE_KEY)\s*[=:]\s*[\"']?"
                              rb"(?![$<{%]|os\.)[^\s\"'#()\[\]]{4,}(?![^\s\"'#])")
 ASSIGNED_NAME = re.compile(rb"\s*(?:export\s+)?(?:[A-Za-z0-9]+_)*")
@@ -81,7 +81,8 @@ def token_rules() -> list[tuple[re.Pattern[bytes], str]]:
     for module, name in DETECT_SECRETS_PLUGINS:
         plugin = getattr(import_module(f"detect_secrets.plugins.{module}"), name)()
         rules += [(re.compile(pattern.pattern.encode("ascii"), pattern.flags & ~re.UNICODE),
-                   f"a {plugin.secret_type} (detect-secrets' {name})") for pattern in plugin.denylist]
+                   f"what detect-secrets' {name} takes for a secret ({plugin.secret_type})")
+                  for pattern in plugin.denylist]
     return rules + OWN_RULES
 
 
@@ -110,8 +111,8 @@ RUN = b"a" * 16
 
 
 def text_of(data: bytes) -> bytes:
-    """``data`` itself when it is text; else its stretches of text, one a line: the rules' regular expressions scan
-    20-400 MB/s, and binary files (weights, zeros) hold few such stretches."""
+    """``data`` itself when it is text; else its stretches of text, one a line, so that the rules' regular
+    expressions, slow over bytes, read little of a binary file (weights, zeros)."""
     mask = data.translate(PRINTABLE)
     if mask.count(0) * 100 <= len(mask):
         return data
@@ -147,6 +148,10 @@ def _blocks(stream: BinaryIO) -> Iterator[bytes]:
         yield block
 
 
+class ExpansionError(Exception):
+    """A compressed file expands like a compression bomb."""
+
+
 def _expanded(first: bytes, stream: BinaryIO) -> Iterator[bytes]:
     """The gzip stream that starts with ``first``, expanded block by block; raises ``ExpansionError`` once it has
     expanded more than ``MAX_EXPANSION`` times what it has read (past the first block), before expanding further."""
@@ -165,10 +170,6 @@ def _expanded(first: bytes, stream: BinaryIO) -> Iterator[bytes]:
                                          "was not scanned (a compression bomb?); ship what it holds uncompressed")
                 if data:
                     yield data
-
-
-class ExpansionError(Exception):
-    pass
 
 
 def reason_from_stream(relpath: str, stream: BinaryIO, size: int = 0) -> str | None:

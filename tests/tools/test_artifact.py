@@ -211,5 +211,6 @@ def test_credentials_inside_compressed_members_are_found(tmp_path):
     archive = make_tar(tmp_path / "a.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
                                                regular("model.py", SHIM.encode()),
                                                regular("notes.txt.gz", gzip.compress(f"token {token}\n".encode()))])
-    assert any(p.startswith("notes.txt.gz: looks like a credential (it contains a GitHub Token")
+    assert any(p.startswith("notes.txt.gz: looks like a credential (it contains what detect-secrets' "
+                            "GitHubTokenDetector takes for a secret (GitHub Token))")
                for p in inspect_artifact(archive).problems)
