@@ -3,6 +3,7 @@ module only assembles them and is the one place where errors become messages and
 
 from __future__ import annotations
 
+import json
 import sys
 from importlib import import_module
 
@@ -97,10 +98,14 @@ for _full_name, _info in _commands(app):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=args, standalone_mode=False)
         return result if isinstance(result, int) else 0
     except ToolError as exc:
+        if "--json" in args:  # a caller that asked for JSON gets JSON on stdout, failures included
+            typer.echo(json.dumps({"ok": False, "error": str(exc), "hint": exc.hint or None}, indent=2))
+            return exc.exit_code
         typer.secho(f"error: {exc}", fg="red", err=True)
         if exc.hint:
             typer.secho(f"hint: {exc.hint}", fg="yellow", err=True)

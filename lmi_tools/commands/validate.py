@@ -21,19 +21,11 @@ def validate(model_dir: Path = typer.Argument(..., help="Model directory (with s
              config: Optional[Path] = typer.Option(None, "--config", help="The model's config.json"),
              as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
     """Check TP degree, heads, memory per core, sequence length, batching and dtype; exit 3 on errors."""
-    from ..errors import ToolError, ValidationFailed
+    from ..errors import ValidationFailed
     from ..validation.validate import validate_model_dir
 
-    try:
-        report = validate_model_dir(model_dir, instance, config)
-    except ToolError as exc:
-        if not as_json:
-            raise
-        # With --json every outcome is one JSON document on stdout, a directory that cannot be read included.
-        typer.echo(json.dumps({"model_dir": str(model_dir), "ok": False, "error": str(exc), "hint": exc.hint or None},
-                              indent=2))
-        raise typer.Exit(exc.exit_code) from None
-    if as_json:
+    report = validate_model_dir(model_dir, instance, config)
+    if as_json:  # the report is the answer; its errors only set the exit status (lmi_tools/cli.py, --json)
         typer.echo(json.dumps(report.to_dict(), indent=2))
         if not report.ok:
             raise typer.Exit(ValidationFailed.exit_code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -95,8 +96,6 @@ def test_help_shows_no_type_after_a_flag(command):
 
 
 def test_validate_json_answers_json_on_every_outcome(tmp_path):
-    import json
-
     missing = run_lmi("validate", str(tmp_path / "nowhere"), "--json")
     assert missing.returncode == 2 and missing.stderr == ""
     report = json.loads(missing.stdout)
@@ -115,6 +114,10 @@ def test_inspect_on_a_non_archive_says_so_in_one_line(tmp_path):
     assert result.stderr.splitlines()[0] == (f"error: {tmp_path / 'notes.tar.gz'} is not a tar archive (plain, gzip, "
                                              "bzip2 or xz): 14 bytes of something else")
     assert "ReadError" not in result.stderr
+    as_json = run_lmi("inspect", str(tmp_path / "notes.tar.gz"), "--json")
+    assert as_json.returncode == 2 and as_json.stderr == ""
+    assert json.loads(as_json.stdout)["error"].endswith("is not a tar archive (plain, gzip, bzip2 or xz): 14 bytes "
+                                                        "of something else")
 
 
 def test_new_writes_the_spec_its_header_names_and_render_reproduces_the_directory(tmp_path):
