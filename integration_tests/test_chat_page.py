@@ -164,3 +164,27 @@ def test_activate_over_http_unloads_the_other_model(server):
                         json={"model": other, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
     content = answer.json()["choices"][0]["message"]["content"]
     assert len(content) == 4 and content.strip() in (FOX if other == "fox" else CODE)
+
+
+@NEEDS_BROWSER
+def test_new_chat_never_leaves_an_empty_conversation_behind(server, browser):
+    page = browser.new_page(viewport={"width": 1100, "height": 750})
+    page.goto(server.url + "/")
+    chats = page.locator("#conversations li")
+    playwright_api.expect(page.locator("#model-status")).not_to_have_text("loading...")
+    for _ in range(3):
+        page.click("#new-chat")
+    playwright_api.expect(chats).to_have_count(1)
+
+    page.fill("#prompt", "hello")
+    page.press("#prompt", "Enter")
+    playwright_api.expect(answers(page).last.locator(".stats")).to_contain_text("tokens", timeout=20_000)
+    page.click("#new-chat")
+    page.click("#new-chat")
+    playwright_api.expect(chats).to_have_count(2)  # "hello", and one empty chat to write in
+
+    chats.nth(1).click()  # back to "hello": the empty chat goes, here and in what the page keeps
+    playwright_api.expect(chats).to_have_count(1)
+    page.reload()
+    playwright_api.expect(chats).to_have_count(1)
+    playwright_api.expect(chats.first).to_have_text("hello")

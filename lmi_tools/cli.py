@@ -3,6 +3,7 @@ module only assembles them and is the one place where errors become messages and
 
 from __future__ import annotations
 
+import json
 import sys
 from importlib import import_module
 
@@ -10,6 +11,21 @@ import typer
 
 from .errors import ToolError
 
+
+def _flag_type_hidden() -> None:
+    """typer 0.29's rich --help prints a flag's type as if it took a value (``--force <bool>``), where its plain
+    help and click print none: print none there either."""
+    from typer.core import TyperOption
+
+    display_type_rich = TyperOption.display_type_rich
+
+    def without_flags(self: TyperOption, ctx) -> str | None:
+        return None if self.is_flag or self.count else display_type_rich(self, ctx)
+
+    TyperOption.display_type_rich = without_flags
+
+
+_flag_type_hidden()
 app = typer.Typer(no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
                   help="Build, validate, serve, package, deploy and benchmark LLM handlers for DJLServing / "
                        "AWS LMI containers.")
@@ -82,10 +98,14 @@ for _full_name, _info in _commands(app):
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
     try:
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=args, standalone_mode=False)
         return result if isinstance(result, int) else 0
     except ToolError as exc:
+        if "--json" in args:  # a caller that asked for JSON gets JSON on stdout, failures included
+            typer.echo(json.dumps({"ok": False, "error": str(exc), "hint": exc.hint or None}, indent=2))
+            return exc.exit_code
         typer.secho(f"error: {exc}", fg="red", err=True)
         if exc.hint:
             typer.secho(f"hint: {exc.hint}", fg="yellow", err=True)

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # The main job end to end on the embedded default, SmolLM2-135M-Instruct: convert it once from the GGUF file
 # its Python package ships (lmi model smollm2), serve it with `lmi serve` (DJLServing's HTTP API, rolling
-# batch) and ask it with curl: a plain completion, the same one streamed, and an OpenAI-style chat question.
+# batch) and ask it with curl: a plain completion, the same one streamed, and an OpenAI-style chat question; then
+# print the line that serves the chat page. The model goes to ~/.cache/lmi ($LMI_CACHE), about 540 MB.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup.sh
-export PATH="$PWD/.venv/bin:$PATH"
+[ -n "${SKIP_SETUP:-}" ] || scripts/setup.sh
+export PATH="${VENV_BIN:-$PWD/.venv/bin}:$PATH"
 OUT=${OUT:-out/demo}
 PORT=${PORT:-8080}
 
@@ -40,3 +41,5 @@ curl -s -X POST "http://127.0.0.1:$PORT/v1/chat/completions" -H 'Content-Type: a
   -d '{"messages": [{"role": "user", "content": "What is the capital of France?"}], "max_tokens": 32, "temperature": 0}'
 echo
 echo "--- server log: $OUT/serve.log"
+echo "--- the chat page: run this, then open http://127.0.0.1:$PORT/ in a browser (Ctrl-C stops it)"
+echo "$(command -v lmi) serve $(realpath "$OUT/model") --port $PORT"

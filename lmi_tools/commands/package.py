@@ -72,10 +72,12 @@ def inspect(archive: Path = typer.Argument(..., help="A model.tar.gz"),
     from ..errors import ValidationFailed
 
     report = inspect_artifact(archive)
-    if as_json:
+    if as_json:  # the report is the answer; its problems only set the exit status (lmi_tools/cli.py, --json)
         typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        _print(report)
+        if not report.ok:
+            raise typer.Exit(ValidationFailed.exit_code)
+        return
+    _print(report)
     if not report.ok:
         raise ValidationFailed(f"{len(report.problems)} problem(s) in {archive}: {report.problems[0]}")
 

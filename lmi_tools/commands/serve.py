@@ -18,10 +18,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME=]DIR); the name defaults to the "
                                                         "directory's name"),
           host: str = typer.Option("127.0.0.1", help="Address to bind (DJLServing's default is loopback too)"),
-          port: int = typer.Option(8080, help="Port for the inference and SageMaker APIs"),
+          port: int = typer.Option(8080, min=1, max=65535, help="Port for the inference and SageMaker APIs"),
           management_host: str = typer.Option("127.0.0.1", help="Address of the management API (/models): keep it "
                                                                  "on loopback, it can load and run model code"),
-          management_port: int = typer.Option(None, help="Port of the management API (default: --port + 1; the "
+          management_port: int = typer.Option(None, min=1, max=65535, help="Port of the management API (default: --port + 1; the "
                                                          "same as --port serves both on one listener, as DJLServing "
                                                          "does by default)"),
           model_url_pattern: str = typer.Option(None, help="Regular expression a directory's resolved path must "
@@ -51,7 +51,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
 
     from ..errors import UsageError
     from ..serving.app import INFERENCE, MANAGEMENT, create_app, listen, serve as run
-    from ..serving.store import ModelStore, ServerConfig, model_name_for, model_path_for
+    from ..serving.store import ModelStore, ServerConfig, model_path_for
 
     if engine not in ("auto", "lmi", "djl"):
         raise UsageError(f"--engine {engine!r} is not one of auto, lmi, djl")
@@ -75,11 +75,15 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     if job_queue_size is not None:
         config.job_queue_size = job_queue_size
     management_port = port + 1 if management_port is None else management_port
+    if management_port > 65535:
+        raise UsageError(f"--port {port} leaves no port for the management API (--port + 1 is past 65535)",
+                         hint="pass --management-port, or a lower --port")
     if management_port == port and management_host != host:
         raise UsageError(f"--management-port {port} is --port's on another address (--host {host}, --management-host "
                          f"{management_host}): one port serves both APIs only on one listener",
                          hint=f"pass --management-host {host} too (one listener, as DJLServing's default), or another "
                               "--management-port")
+    names = [_model_name(spec) for spec in models]
     _warn_exposed(host, management_host, model_url_pattern)
     one_listener = (management_host, management_port) == (host, port)
     sockets = [listen(host, port)]
@@ -97,7 +101,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
             raise UsageError(f"model directory {path} does not exist",
                              hint="give a directory with serving.properties (lmi new / lmi render make one)")
         try:
-            store.offer(model_name_for(spec), str(path), load=i == 0 or not one_at_a_time)
+            store.offer(names[i], str(path), load=i == 0 or not one_at_a_time)
         except ValueError as exc:
             store.close()
             raise UsageError(str(exc)) from None
@@ -112,6 +116,19 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         run(listeners, log_level)
     finally:  # however the server ends (a listener that fails to start too), no worker process outlives it
         store.close()
+
+
+def _model_name(spec: str) -> str:
+    """The name a ``[NAME=]DIR`` argument serves under; an empty one, or one a URL path cannot hold, is refused."""
+    from ..errors import UsageError
+    from ..serving.store import model_name_for
+
+    name = model_name_for(spec)
+    if not name or "/" in name or name != name.strip():
+        raise UsageError(f"model {spec!r}: the name {name!r} is not usable in /predictions/NAME",
+                         hint="give NAME=DIR with a non-empty NAME without '/' or surrounding spaces, or DIR alone "
+                              "(the name is then the directory's)")
+    return name
 
 
 def _warn_exposed(host: str, management_host: str, model_url_pattern: str | None) -> None:

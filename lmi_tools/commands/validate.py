@@ -25,10 +25,12 @@ def validate(model_dir: Path = typer.Argument(..., help="Model directory (with s
     from ..validation.validate import validate_model_dir
 
     report = validate_model_dir(model_dir, instance, config)
-    if as_json:
+    if as_json:  # the report is the answer; its errors only set the exit status (lmi_tools/cli.py, --json)
         typer.echo(json.dumps(report.to_dict(), indent=2))
-    else:
-        print_report(report)
+        if not report.ok:
+            raise typer.Exit(ValidationFailed.exit_code)
+        return
+    print_report(report)
     if not report.ok:
         first = report.errors[0]
         raise ValidationFailed(f"{len(report.errors)} error(s) in {model_dir}: {first.message}",

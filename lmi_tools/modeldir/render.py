@@ -8,6 +8,7 @@ would not load is never written.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import jinja2
@@ -41,11 +42,13 @@ def environment() -> jinja2.Environment:
     return env
 
 
-def render_files(spec: DeploySpec, source: str) -> dict[str, str]:
-    """File name -> text for ``spec``; ``source`` names the spec or preset in the header."""
+def render_files(spec: DeploySpec, source: str, rerender: str = "") -> dict[str, str]:
+    """File name -> text for ``spec``; ``source`` names the spec or preset in the header, ``rerender`` is the
+    command line that renders the directory again from its spec file (none when there is no file)."""
     env = environment()
     context = {
-        "spec": spec, "source": source, "backend": spec.resolved_backend, "positions_key": spec.positions_key,
+        "spec": spec, "source": source, "rerender": rerender.encode("ascii", "backslashreplace").decode(),
+        "backend": spec.resolved_backend, "positions_key": spec.positions_key,
         "options": sorted(spec.options.items()), "server": sorted(spec.server.items()),
     }
     try:
@@ -67,10 +70,13 @@ def parse_rendered(text: str, model_dir: Path) -> HandlerConfig:
     return config
 
 
-def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: bool = False) -> list[Path]:
-    """Render ``spec`` into ``out_dir``; existing files are only replaced with ``force``."""
+def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: bool = False,
+                    spec_file: str | Path | None = None) -> list[Path]:
+    """Render ``spec`` into ``out_dir``; existing files are only replaced with ``force``. ``spec_file``, where the
+    spec lives, is named in serving.properties' header with the command that renders it again."""
     out = Path(out_dir)
-    files = render_files(spec, source)
+    rerender = f"lmi render {shlex.quote(str(spec_file))} {shlex.quote(str(out))} --force" if spec_file else ""
+    files = render_files(spec, source, rerender)
     parse_rendered(files["serving.properties"], out.resolve())
     existing = [name for name in files if (out / name).exists()]
     if existing and not force:

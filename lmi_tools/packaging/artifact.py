@@ -2,10 +2,12 @@
 
 Members are read from the archive into memory; nothing is written to disk. A member with an
 absolute path, a ``..`` component, a link that points outside the archive, a path through a link member, or a
-device/FIFO type is a problem: ``unpack`` refuses such archives outright, before extracting anything. A
-truncated or corrupt archive is a usage error, never a traceback. The checks: ``serving.properties`` at the top
-and parseable by the runtime, the entry point resolvable inside the archive (``model.py`` is parsed,
-never imported), the vendored ``lmi_handlers`` version, credential-looking files, stray caches.
+device/FIFO type is a problem, and so is a name held twice: ``unpack`` refuses such archives outright, before
+extracting anything. A truncated or corrupt archive, and one whose members declare more than ``MAX_EXPANSION``
+times its size (a compression bomb), are usage errors, never a traceback or minutes of expanding. The checks:
+``serving.properties`` at the top and parseable by the runtime, the entry point resolvable inside the archive
+(``model.py`` is parsed, never imported), the vendored ``lmi_handlers`` version, credential-looking files, stray
+caches.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import posixpath
 import re
 import tarfile
 import zlib
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
@@ -78,9 +81,13 @@ def member_problem(member: tarfile.TarInfo) -> str | None:
 
 
 def archive_problems(members: list[tarfile.TarInfo]) -> list[str]:
-    """Every member's own problem, and members whose path goes through a link member: ``a -> .`` is harmless
-    alone, but ``a/b -> ../x`` then lands outside, so no member may sit under a link (our artifacts have none)."""
+    """Every member's own problem, names held more than once (which copy an unpacker keeps is undefined), and
+    members whose path goes through a link member: ``a -> .`` is harmless alone, but ``a/b -> ../x`` then lands
+    outside, so no member may sit under a link (our artifacts have none)."""
     problems = [p for p in map(member_problem, members) if p]
+    copies = Counter(normalized(m.name).rstrip("/") for m in members if not m.isdir())
+    problems += [f"{name}: {count} copies in the archive; which one is used is undefined, so keep one"
+                 for name, count in sorted(copies.items()) if count > 1]
     links = {normalized(m.name).rstrip("/") for m in members if m.issym() or m.islnk()}
     for member in members:
         parts = PurePosixPath(normalized(member.name)).parts
@@ -93,9 +100,21 @@ def archive_problems(members: list[tarfile.TarInfo]) -> list[str]:
 
 def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
     """The members, after reading the stream to its end: a cut-off download fails here (gzip's length and CRC
-    check), not halfway through an unpack."""
+    check), not halfway through an unpack. Each member's size is checked as its header is read, before its
+    data is expanded, so a compression bomb is refused at once."""
+    packed = path.stat().st_size
+    limit = max(SMALL_ARCHIVE_BYTES, MAX_EXPANSION * packed)
+    members, declared = [], 0
     try:
-        members = tar.getmembers()
+        while (member := tar.next()) is not None:
+            declared += tarfile.BLOCKSIZE + member.size
+            if declared > limit:
+                raise UsageError(f"{path} declares at least {declared:,} bytes unpacked from {packed:,} packed, more "
+                                 f"than {MAX_EXPANSION} times its size: refusing it as a compression bomb "
+                                 f"({member.name} alone is {member.size:,} bytes)",
+                                 hint="model artifacts compress a few times at most; if this one is genuine, list it "
+                                      "with tar -tvzf and unpack it with care")
+            members.append(member)
         while tar.fileobj.read(1 << 20):
             pass
         return members
@@ -103,13 +122,34 @@ def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
         raise UsageError(f"{path} is truncated or corrupt: {exc}") from None
 
 
+#: An archive whose members declare more than this many times its own size is refused before they are expanded:
+#: weights and text compress a few times at most, a compression bomb about a thousand times.
+MAX_EXPANSION = 100
+#: Below this many bytes unpacked any ratio passes (small archives of text and zero padding compress well).
+SMALL_ARCHIVE_BYTES = 64 * 1024**2
+#: The compressions tarfile reads, by their first bytes.
+COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
+
+
 def open_archive(path: Path) -> tarfile.TarFile:
     try:
         return tarfile.open(path, "r:*")
     except FileNotFoundError:
         raise UsageError(f"{path} does not exist") from None
-    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
-        raise UsageError(f"{path} is not a tar archive (or is truncated): {exc}") from None
+    except (tarfile.TarError, OSError, EOFError, zlib.error):
+        raise UsageError(_not_an_archive(path), hint="lmi package writes a model.tar.gz") from None
+
+
+def _not_an_archive(path: Path) -> str:
+    """Why tarfile could not open ``path``, in one sentence: tarfile's own message lists one failure per method."""
+    if path.is_dir():
+        return f"{path} is a directory, not a tar archive"
+    with path.open("rb") as stream:
+        head = stream.read(8)
+    compression = next((name for magic, name in COMPRESSIONS.items() if head.startswith(magic)), None)
+    if compression:
+        return f"{path} is {compression}-compressed but not a tar archive, or is truncated"
+    return f"{path} is not a tar archive (plain, gzip, bzip2 or xz): {path.stat().st_size:,} bytes of something else"
 
 
 def inspect_artifact(path: str | Path) -> ArtifactReport:
@@ -194,7 +234,7 @@ def _check_contents(report: ArtifactReport, tar: tarfile.TarFile, files: dict) -
         reason = reason_from_name(name)
         if reason is None and should_scan(name):
             handle = tar.extractfile(member)
-            reason = reason_from_stream(name, handle) if handle else None
+            reason = reason_from_stream(name, handle, member.size) if handle else None
         if reason:
             report.problems.append(f"{name}: looks like a credential ({reason})")
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -167,3 +169,48 @@ def test_a_truncated_archive_is_a_usage_error(artifact, tmp_path):
             inspect_artifact(truncated)
         with pytest.raises(UsageError, match="truncated or corrupt|not a tar archive"):
             unpack(truncated, tmp_path / f"out{cut}")
+
+
+def test_a_compression_bomb_is_refused_from_its_header_before_it_is_expanded(tmp_path):
+    """A member declaring 2 GB inside a 1 KB gzip: refused on reading its header (the data is not even there)."""
+    header = tarfile.TarInfo("zeros.bin")
+    header.size = 2 * 1024**3
+    archive = tmp_path / "bomb.tar.gz"
+    archive.write_bytes(gzip.compress(header.tobuf(format=tarfile.GNU_FORMAT) + bytes(1 << 20)))
+    for check in (inspect_artifact, lambda path: unpack(path, tmp_path / "out")):
+        with pytest.raises(UsageError, match="compression bomb") as info:
+            check(archive)
+        assert "zeros.bin alone is 2,147,483,648 bytes" in str(info.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_small_bomb_is_refused_and_a_compressible_artifact_is_not(tmp_path, monkeypatch):
+    from lmi_tools.packaging import artifact as module
+
+    monkeypatch.setattr(module, "SMALL_ARCHIVE_BYTES", 1 << 20)
+    files = [regular("serving.properties", PROPERTIES.encode()), regular("model.py", SHIM.encode())]
+    bomb = make_tar(tmp_path / "bomb.tar.gz", [*files, regular("pad.bin", bytes(16 << 20))])
+    with pytest.raises(UsageError, match="more than 100 times its size: refusing it as a compression bomb"):
+        inspect_artifact(bomb)
+    text = make_tar(tmp_path / "text.tar.gz", [*files, regular("notes.txt", os.urandom(1 << 20).hex().encode())])
+    assert ("notes.txt", 2 << 20) in inspect_artifact(text).files  # 2 MB of text that compresses about 2 times
+
+
+def test_a_file_held_twice_is_a_problem_and_unpack_refuses_it(tmp_path):
+    archive = make_tar(tmp_path / "twice.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                                   regular("model.py", SHIM.encode()),
+                                                   regular("./serving.properties", b"engine=Python\n")])
+    report = inspect_artifact(archive)
+    assert "serving.properties: 2 copies in the archive; which one is used is undefined, so keep one" in report.problems
+    with pytest.raises(UsageError, match="serving.properties: 2 copies"):
+        unpack(archive, tmp_path / "out")
+
+
+def test_credentials_inside_compressed_members_are_found(tmp_path):
+    token = "ghp_" + "A1b2" * 9
+    archive = make_tar(tmp_path / "a.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                               regular("model.py", SHIM.encode()),
+                                               regular("notes.txt.gz", gzip.compress(f"token {token}\n".encode()))])
+    assert any(p.startswith("notes.txt.gz: looks like a credential (it contains what detect-secrets' "
+                            "GitHubTokenDetector takes for a secret (GitHub Token))")
+               for p in inspect_artifact(archive).problems)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -69,3 +70,71 @@ def test_every_command_shows_examples_that_parse():
             command.make_context(name, words[1 + len(name.split()):])  # raises on an unknown option or bad value
     result = run_lmi("deploy", "--help")
     assert "Examples:" in result.stdout and "--dry-run" in result.stdout.split("Examples:")[1]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["serve", ".", "--port", "99999"], "Invalid value for '--port'"),
+    (["serve", ".", "--port", "0"], "Invalid value for '--port'"),
+    (["serve", ".", "--management-port", "70000"], "Invalid value for '--management-port'"),
+    (["serve", ".", "--port", "65535"], "--port 65535 leaves no port for the management API"),
+    (["serve", "=."], "the name '' is not usable"),
+    (["serve", "a/b=."], "the name 'a/b' is not usable"),
+])
+def test_serve_refuses_bad_ports_and_model_names_before_binding(args, message):
+    result = run_lmi(*args)
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize("command", ["package", "serve", "new", "validate"])
+def test_help_shows_no_type_after_a_flag(command):
+    result = run_lmi(command, "--help")
+    assert result.returncode == 0, result.stderr
+    assert "<bool>" not in result.stdout
+    assert "--help " in result.stdout
+
+
+def test_validate_json_answers_json_on_every_outcome(tmp_path):
+    missing = run_lmi("validate", str(tmp_path / "nowhere"), "--json")
+    assert missing.returncode == 2 and missing.stderr == ""
+    report = json.loads(missing.stdout)
+    assert report["ok"] is False and "serving.properties does not exist" in report["error"] and report["hint"]
+
+    (tmp_path / "serving.properties").write_text("engine=Python\noption.tensor_parallel_degree=3\n")
+    failed = run_lmi("validate", str(tmp_path), "--json", "--instance", "inf2.xlarge")
+    assert failed.returncode == 3 and failed.stderr == ""
+    assert json.loads(failed.stdout)["ok"] is False
+
+
+def test_inspect_on_a_non_archive_says_so_in_one_line(tmp_path):
+    (tmp_path / "notes.tar.gz").write_text("not an archive")
+    result = run_lmi("inspect", str(tmp_path / "notes.tar.gz"))
+    assert result.returncode == 2
+    assert result.stderr.splitlines()[0] == (f"error: {tmp_path / 'notes.tar.gz'} is not a tar archive (plain, gzip, "
+                                             "bzip2 or xz): 14 bytes of something else")
+    assert "ReadError" not in result.stderr
+    as_json = run_lmi("inspect", str(tmp_path / "notes.tar.gz"), "--json")
+    assert as_json.returncode == 2 and as_json.stderr == ""
+    assert json.loads(as_json.stdout)["error"].endswith("is not a tar archive (plain, gzip, bzip2 or xz): 14 bytes "
+                                                        "of something else")
+
+
+def test_new_writes_the_spec_its_header_names_and_render_reproduces_the_directory(tmp_path):
+    model = tmp_path / "model"
+    assert run_lmi("new", "--preset", "opt-13b-inf2-48xlarge", str(model)).returncode == 0
+    header = (model / "serving.properties").read_text().splitlines()[0]
+    rerender = header.split("run: ", 1)[1]
+    assert rerender == f"lmi render {model / 'spec.toml'} {model} --force"
+    def contents() -> dict[str, list[str]]:  # the header's first line names the source: preset, then spec
+        return {p.name: p.read_text().splitlines()[p.name == "serving.properties":] for p in model.iterdir()}
+
+    before = contents()
+    result = run_lmi(*rerender.split()[1:])
+    assert result.returncode == 0, result.stderr
+    assert contents() == before
+
+    elsewhere = run_lmi("new", "--preset", "opt-13b-inf2-48xlarge", str(tmp_path / "other"),
+                        "--spec", str(tmp_path / "opt.toml"))
+    assert elsewhere.returncode == 0 and (tmp_path / "opt.toml").is_file()
+    assert run_lmi("new", "--preset", "opt-13b-inf2-48xlarge", str(model)).returncode == 2  # no silent overwrite

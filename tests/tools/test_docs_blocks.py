@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -121,3 +122,30 @@ def test_neuron_quick_start_properties_pass_validate(tmp_path):
     report = validate_model_dir(tmp_path, "inf2.xlarge")
     assert report.ok, [finding.message for finding in report.findings if finding.level == "error"]
     assert "option.rolling_batch=scheduler" in properties
+
+
+@pytest.mark.skipif(shutil.which("curl") is None, reason="the script uses curl")
+def test_demo_script_answers_then_prints_the_line_that_serves_the_chat_page(smollm2_dir, tmp_path):
+    """The README's scripts/demo.sh on free ports; its last line, run as printed, serves the chat page at /."""
+    port = free_port(also_next=True)
+    env = {**os.environ, "SKIP_SETUP": "1", "VENV_BIN": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT),
+           "OUT": str(tmp_path / "out"), "PORT": str(port), "OMP_NUM_THREADS": "1"}
+    demo = subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=300, start_new_session=True)
+    assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]
+    assert '"generated_text":" Paris."' in demo.stdout
+    command = demo.stdout.strip().splitlines()[-1]
+    assert command == f"{Path(sys.executable).parent / 'lmi'} serve {tmp_path / 'out/model'} --port {port}"
+    server = subprocess.Popen(command.split(), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        for _ in range(240):
+            check = subprocess.run(["curl", "-s", f"http://127.0.0.1:{port}/"], capture_output=True, text=True)
+            if "<html" in check.stdout.lower():
+                break
+            assert server.poll() is None, "the printed lmi serve line exited"
+            time.sleep(0.5)
+        assert "<html" in check.stdout.lower() and "chat" in check.stdout.lower()
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)

@@ -188,6 +188,40 @@ def test_credentials_are_refused(model, tmp_path, name, content):
     assert not (tmp_path / "model.tar.gz").exists()
 
 
+GITHUB_TOKEN = "ghp_" + "A1b2" * 9  # split, as above
+
+
+@pytest.mark.parametrize("name, content", [
+    ("deploy/notes.md", f"clone with {GITHUB_TOKEN}\n".encode()),
+    ("conf/app.conf", b"[db]\nDB_PASSWORD=hunter22\n"),
+    ("start.sh", b"#!/bin/sh\nexport API_KEY='k3y-value'\n"),
+    ("requirements.txt", b"--extra-index-url https://user:s3cret@pypi.example.com/simple\n"),
+    ("blob.bin", os.urandom(5000) + f"  {GITHUB_TOKEN}  ".encode() + os.urandom(5000)),
+    ("history.txt.gz", gzip.compress(b"x" * 10_000 + f"\nDB_PASSWORD=hunter22\n".encode())),
+    ("slack.json", b'{"token": "xoxb-123456789012-123456789012-abcdefghij"}'),
+])
+def test_token_formats_of_the_secret_scanner_are_refused(model, tmp_path, name, content):
+    """detect-secrets' token formats, NAME_PASSWORD=value lines, and secrets inside .bin and .gz files."""
+    path = model / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(content)
+    with pytest.raises(PackagingError, match=f"{name}: looks like a credential"):
+        build(model, tmp_path / "model.tar.gz", None)
+
+
+def test_torch_weights_and_references_to_secrets_pass(model, tmp_path):
+    (model / "pytorch_model.bin").write_bytes(b"PK\x03\x04" + os.urandom(1000) + GITHUB_TOKEN.encode())
+    (model / "run.sh").write_text('export DB_PASSWORD="$DB_PASSWORD"\nAPI_KEY=${API_KEY}\n')
+    (model / "settings.py").write_text("API_KEY = os.environ['API_KEY']\nSECRET = load_secret()\n")
+    build(model, tmp_path / "model.tar.gz", None)
+
+
+def test_a_gzip_bomb_in_the_model_directory_is_refused_in_seconds(model, tmp_path):
+    (model / "notes.gz").write_bytes(gzip.compress(bytes(64 << 20), 9))  # 64 MiB of zeros in about 64 KB
+    with pytest.raises(PackagingError, match="notes.gz: looks like a credential .*expands more than 100 times"):
+        build(model, tmp_path / "model.tar.gz", None)
+
+
 def test_every_problem_is_listed_at_once(model, tmp_path):
     (model / "id_rsa").write_text("x")
     (model / "key.pem").write_text("x")

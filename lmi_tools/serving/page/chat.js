@@ -44,8 +44,15 @@ function renderMarkdown(text) {
 function newConversation() {
   current = { id: Date.now(), title: "New chat", messages: [] };
   conversations.unshift(current);
+  dropEmptyConversations();
   save();
   renderAll();
+}
+
+// Only the current conversation may be empty: "+ New chat" clicked twice, or a new chat left for another one,
+// leaves nothing behind.
+function dropEmptyConversations() {
+  conversations = conversations.filter((conversation) => conversation.messages.length || conversation === current);
 }
 
 function renderSidebar() {
@@ -55,7 +62,13 @@ function renderSidebar() {
     const item = document.createElement("li");
     item.textContent = conversation.title;
     item.className = conversation === current ? "current" : "";
-    item.onclick = () => { current = conversation; renderAll(); $("sidebar").classList.remove("open"); };
+    item.onclick = () => {
+      current = conversation;
+      dropEmptyConversations();
+      save();
+      renderAll();
+      $("sidebar").classList.remove("open");
+    };
     list.append(item);
   }
 }
