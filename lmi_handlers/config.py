@@ -110,8 +110,8 @@ class HandlerConfig:
     model_dir: str
     #: Local directory (or hub id) of the weights; defaults to the model directory itself.
     model_id: str
-    #: ``hf`` (transformers, CPU/CUDA), ``neuronx`` (transformers-neuronx, inf2), ``scripted`` (no
-    #: weights; for tests and load tests) or ``auto`` (neuronx when transformers_neuronx imports).
+    #: A backend of ``backends/registry.py`` (hf, neuronx, scripted) or ``auto``: the first the registry finds
+    #: available here.
     backend: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -157,7 +157,7 @@ class HandlerConfig:
         config = cls(
             model_dir=model_dir,
             model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
-            backend=parse_choice(props, "backend", "auto", ("auto", "hf", "neuronx", "scripted")),
+            backend=parse_choice(props, "backend", "auto", backend_names()),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
             max_new_tokens=parse_int(props, "max_new_tokens", 30),
@@ -185,6 +185,13 @@ class HandlerConfig:
         return config
 
 
+def backend_names() -> tuple[str, ...]:
+    """What ``option.backend`` allows: ``auto`` and every backend of the registry."""
+    from .backends.registry import NAMES  # the registry reads this module: imported when first asked
+
+    return NAMES
+
+
 def is_rolling(value: Any) -> bool:
     """Whether an ``option.rolling_batch`` value turns rolling batch on: anything but ``disable`` (unset is
     ``disable``). DJLServing's front end decides the same way, so ``lmi serve`` asks this too."""
@@ -201,15 +208,6 @@ def _resolve_model_id(model_id: str, model_dir: str) -> str:
     candidate = model_id if os.path.isabs(model_id) else os.path.join(model_dir, model_id)
     return candidate if os.path.isdir(candidate) else model_id
 
-
-# Options of the neuronx backend (the names DJLServing's transformers-neuronx handler uses).
-NEURONX_KEYS = frozenset({
-    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
-    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
-    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
-    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
-    "low_cpu_mem_usage",
-})
 
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from lmi_handlers.backends.neuronx.options import CompileSettings, NeuronxOptions, plan_compile
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.backends.registry import BACKENDS
+from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 
 
 # Where SageMaker and `docker run -v` put the model directory inside the container.
@@ -44,15 +45,7 @@ def neuronx_plan(config: HandlerConfig, model: Mapping[str, Any], tp: int) -> Co
 
 def backend_option_keys(backend: str) -> frozenset[str]:
     """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
-    if backend == "neuronx":
-        return NEURONX_KEYS
-    if backend == "scripted":
-        from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
-
-        return frozenset(ScriptedBackend.option_keys)
-    from lmi_handlers.backends.hf.backend import HFBackend  # torch and transformers are imported only at load
-
-    return frozenset(HFBackend.option_keys)
+    return BACKENDS[backend].keys
 
 
 def hf_quantize(props: Mapping[str, str]) -> str | None:

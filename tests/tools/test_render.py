@@ -7,7 +7,8 @@ import json
 import jinja2
 import pytest
 
-from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
+from lmi_handlers.backends.neuronx.options import KEYS as NEURONX_KEYS
+from lmi_handlers.config import HandlerConfig, check_unknown_keys
 from lmi_tools.errors import UsageError
 from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
 from lmi_tools.modeldir.render import environment, render_files, write_model_dir

@@ -26,7 +26,8 @@ from lmi_handlers.backends.neuronx.options import NeuronxOptions, plan_compile
 from lmi_handlers.backends.hf.quantize import parse_method
 from lmi_handlers.backends.hf.speculative import parse_options
 from lmi_handlers.backends.scripted import ScriptedBackend
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.backends.neuronx.options import KEYS as NEURONX_KEYS
+from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 from lmi_tools.instances import INSTANCES, Instance
 from lmi_tools.modeldir.properties import read_serving_properties
 from lmi_tools.modeldir.render import write_model_dir
