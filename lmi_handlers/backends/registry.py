@@ -10,13 +10,15 @@ library:
 - ``plan(config, options, model_config, device_memory)``, where it has one: a pure function of the handler
   settings, its options, the model's ``config.json`` (a mapping) and ``base.DeviceMemory``, which raises the
   ``ConfigError`` loading would raise and returns what it loads with; the plan object has ``dtype``, ``int8``,
-  ``max_sequence_length``, ``batch_size``, ``kv_tokens`` and ``warnings``. The backend's load runs the same function
+  ``max_sequence_length``, ``batch_size``, ``kv_tokens``, ``static_kv`` (every sequence holds a full-length row) and
+  ``warnings``. The backend's load runs the same function
   and ``lmi validate`` runs it for an instance;
 - ``INSTANCE_FAMILIES``: the instance families it runs on (``cpu`` for the local machine, ``base.ANY_FAMILY`` for
   any);
 - ``load(config) -> Backend`` (heavy imports inside);
 
-and, where they differ from the defaults: ``LENGTH_KEY`` (the option bounding prompt + output, ``max_model_len``),
+and, where they differ from the defaults: ``check_files(config, options)`` (what loading checks in the model's
+files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output, ``max_model_len``),
 ``NEEDS_MODEL`` (False: no weights to size) and ``STEP_LOOP`` (see ``Entry.step_loop``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
@@ -46,6 +48,9 @@ class Entry:
     load: Callable[[HandlerConfig], Backend]
     #: The load plan; None for a backend without one (nothing to size or refuse beyond its options).
     plan: Callable[..., Any] | None = None
+    #: What loading checks in the model's files before the weights load (``check_files(config, options)``), which
+    #: ``lmi validate`` runs too; None: nothing beyond the options.
+    check_files: Callable[[HandlerConfig, Any], None] | None = None
     #: Whether ``option.backend=auto`` may pick it (in the table's order).
     auto: bool = True
     #: Whether it loads a model (``lmi validate`` sizes its weights and KV cache).
@@ -64,12 +69,16 @@ class Entry:
     def runs_on(self, family: str) -> bool:
         return ANY_FAMILY in self.instance_families or family in self.instance_families
 
+    def not_on(self, instance: str) -> str:
+        """Why it cannot serve on ``instance`` (whose family it does not run on)."""
+        return f"backend {self.name} runs on {', '.join(self.instance_families)} instances; {instance} is not one"
+
 
 def entry(package: ModuleType, *, auto: bool = True) -> Entry:
     """The table line of a backend package (see the module docstring for what it exports)."""
     return Entry(name=package.__name__.rsplit(".", 1)[-1], options_type=package.Options, keys=frozenset(package.KEYS),
                  available=package.available, instance_families=tuple(package.INSTANCE_FAMILIES), load=package.load,
-                 plan=getattr(package, "plan", None), auto=auto, needs_model=getattr(package, "NEEDS_MODEL", True),
+                 plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto, needs_model=getattr(package, "NEEDS_MODEL", True),
                  length_key=getattr(package, "LENGTH_KEY", "max_model_len"),
                  step_loop=getattr(package, "STEP_LOOP", None))
 
@@ -105,7 +114,7 @@ def for_instance(name: str, family: str) -> Entry:
 
 
 def hosts(family: str) -> list[str]:
-    """The backends that run on ``family``, for hints."""
+    """The backends ``auto`` may pick that run on ``family``, for hints."""
     return [e.name for e in BACKENDS.values() if e.runs_on(family) and e.auto]
 
 

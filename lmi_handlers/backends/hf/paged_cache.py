@@ -75,10 +75,11 @@ def plan_pool(options: PoolOptions, *, bytes_per_token: int, max_batch_size: int
     block_bytes = bytes_per_token * block_size
     per_sequence = math.ceil(max_sequence_length / block_size)
     enough = per_sequence * max_batch_size  # every row at full length: more blocks could never be used
-    budget = options.kv_cache_memory_bytes
+    budget, left = options.kv_cache_memory_bytes, ""
     if budget is None and cuda_memory is not None:
         total, used = cuda_memory
         budget = int(total * options.gpu_memory_utilization) - used
+        left = f" ({options.gpu_memory_utilization:g} of the device's {total} bytes, less {used} for the weights)"
     blocks = options.num_gpu_blocks_override
     if blocks is None:
         blocks = min(enough, (budget if budget is not None else CPU_DEFAULT_BYTES) // block_bytes)
@@ -88,7 +89,8 @@ def plan_pool(options: PoolOptions, *, bytes_per_token: int, max_batch_size: int
         raise ConfigError(source, getattr(options, source),
                           f"the KV cache must hold at least one full-length sequence ({max_sequence_length} tokens = "
                           f"{per_sequence} blocks of {block_size}, {per_sequence * block_bytes} bytes) but this gives "
-                          f"{max(blocks, 0)} blocks; raise it or lower option.max_model_len")
+                          f"{max(blocks, 0)} blocks{left if source == 'gpu_memory_utilization' else ''}; raise it "
+                          "or lower option.max_model_len")
     return PoolPlan(blocks, block_size, options.enable_prefix_caching)
 
 

@@ -51,6 +51,9 @@ class HfPlan:
     def kv_tokens(self) -> int:
         return self.pool.tokens
 
+    #: Sequences take blocks from a shared pool as they grow.
+    static_kv = False
+
 
 def plan(config: HandlerConfig, options: HfOptions, model_config: Mapping[str, Any],
          device_memory: DeviceMemory) -> HfPlan:

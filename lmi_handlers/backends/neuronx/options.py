@@ -152,6 +152,9 @@ class CompileSettings:
     def kv_tokens(self) -> int:
         return self.batch_size * self.n_positions
 
+    #: Every batch slot holds a full-length KV row (no pool to share).
+    static_kv = True
+
     def manifest(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("warnings")
