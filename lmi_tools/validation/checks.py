@@ -17,7 +17,7 @@ from lmi_handlers.config import ConfigError, parse_bool
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from .runtime import CONTAINER_MODEL_DIR, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")

@@ -37,8 +37,8 @@ class Target:
     arch_source: str = ""
     #: The model's ``config.json``, as the runtime's planner reads it.
     model_config: dict[str, Any] | None = None
-    #: A backend of the registry (``auto`` resolved for the instance).
-    backend: str = "hf"
+    #: A backend of the registry (``auto`` resolved for the instance; empty until the properties parse).
+    backend: str = ""
     tp: int = 1
     #: The backend's load plan at ``tp`` (None: a backend without one, no config.json, or the runtime refused).
     plan: Any = None

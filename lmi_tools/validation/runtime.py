@@ -1,44 +1,26 @@
-"""What the runtime itself makes of a model directory: ``HandlerConfig``, the backend's options and its load plan.
+"""What the backend itself makes of a model directory for an instance: its options and its load plan.
 
-The tooling never re-states the runtime's rules. It calls the code the handler runs at its init call
-(``HandlerConfig.from_properties``, then the backend's ``Options.from_properties`` and ``plan`` from the
-registry, ``lmi_handlers/backends/registry.py``) with what the container would give it, and reports their
+The tooling never re-states the runtime's rules. After ``HandlerConfig`` (``modeldir/handler_config.py``) it calls
+the backend's ``Options.from_properties``, ``check_files`` and ``plan`` from the registry
+(``lmi_handlers/backends/registry.py``) with what the container would give them, and reports their
 ``ConfigError`` and warnings.
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 from lmi_handlers.backends.base import DeviceMemory
 from lmi_handlers.backends.registry import BACKENDS, Entry
-from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.config import HandlerConfig
 
 from ..instances import GIB, Instance
 from .findings import Target
 from .sizing import gpu_head_layout, weight_bytes
 
-
 #: Device bytes no plan runs out of.
 UNBOUNDED = 1 << 62
-# Where SageMaker and `docker run -v` put the model directory inside the container.
-CONTAINER_MODEL_DIR = "/opt/ml/model"
-
-
-def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
-    """``HandlerConfig`` as the handler builds it in the container; raises ``ConfigError``."""
-    props = {**props, "model_dir": model_dir}
-    model_id = props.get("model_id", "")
-    if model_id.startswith("s3://"):
-        props["model_id"] = model_dir  # DJLServing downloads it and hands the handler the local directory
-    elif model_id == CONTAINER_MODEL_DIR or model_id.startswith(CONTAINER_MODEL_DIR + "/"):
-        # the container's own path to the model directory: here, that directory is model_dir
-        props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
-    with quiet("lmi_handlers.config"):
-        return HandlerConfig.from_properties(props)
 
 
 def instance_memory(config: HandlerConfig, instance: Instance) -> DeviceMemory:
@@ -72,25 +54,3 @@ def check_files(entry: Entry, config: HandlerConfig) -> None:
     options = entry.options(config.properties)
     if entry.check_files is not None:
         entry.check_files(config, options)
-
-
-def backend_option_keys(backend: str) -> frozenset[str]:
-    """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
-    return BACKENDS[backend].keys
-
-
-def ignored_options(props: Mapping[str, str], backend: str) -> list[str]:
-    """One message per option nobody reads (the runtime's own did-you-mean warnings)."""
-    with quiet("lmi_handlers.config"):
-        return check_unknown_keys(props, backend_option_keys(backend))
-
-
-@contextmanager
-def quiet(logger_name: str) -> Iterator[None]:
-    """Silence a runtime logger whose warnings we report ourselves."""
-    logger = logging.getLogger(logger_name)
-    previous, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = previous

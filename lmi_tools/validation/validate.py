@@ -23,7 +23,8 @@ from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from .runtime import check_files, handler_config, plan_at
+from ..modeldir.handler_config import handler_config
+from .runtime import check_files, plan_at
 
 
 @dataclass
@@ -66,7 +67,7 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
 
 
 def _describe(target: Target) -> str:
-    if not BACKENDS[target.backend].needs_model:
+    if target.backend and not BACKENDS[target.backend].needs_model:
         return f"none ({target.backend} backend)"
     if not target.arch:
         return "unknown (no config.json)"
