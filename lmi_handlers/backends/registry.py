@@ -11,15 +11,14 @@ library:
   settings, its options, the model's ``config.json`` (a mapping) and ``base.DeviceMemory``, which raises the
   ``ConfigError`` loading would raise and returns what it loads with; the plan object has ``dtype``, ``int8``,
   ``max_sequence_length``, ``batch_size``, ``kv_tokens``, ``static_kv`` (every sequence holds a full-length row) and
-  ``warnings``. The backend's load runs the same function
-  and ``lmi validate`` runs it for an instance;
+  ``warnings``. The backend's load runs the same function and ``lmi validate`` runs it for an instance;
 - ``INSTANCE_FAMILIES``: the instance families it runs on (``cpu`` for the local machine, ``base.ANY_FAMILY`` for
   any);
 - ``load(config) -> Backend`` (heavy imports inside);
 
 and, where they differ from the defaults: ``check_files(config, options)`` (what loading checks in the model's
-files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output, ``max_model_len``),
-``NEEDS_MODEL`` (False: no weights to size) and ``STEP_LOOP`` (see ``Entry.step_loop``).
+files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output,
+``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size) and ``STEP_LOOP`` (see ``Entry.step_loop``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
 """
@@ -78,7 +77,8 @@ def entry(package: ModuleType, *, auto: bool = True) -> Entry:
     """The table line of a backend package (see the module docstring for what it exports)."""
     return Entry(name=package.__name__.rsplit(".", 1)[-1], options_type=package.Options, keys=frozenset(package.KEYS),
                  available=package.available, instance_families=tuple(package.INSTANCE_FAMILIES), load=package.load,
-                 plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto, needs_model=getattr(package, "NEEDS_MODEL", True),
+                 plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto,
+                 needs_model=getattr(package, "NEEDS_MODEL", True),
                  length_key=getattr(package, "LENGTH_KEY", "max_model_len"),
                  step_loop=getattr(package, "STEP_LOOP", None))
 
