@@ -30,6 +30,28 @@ DJL_REWRITES = {"tnx": "auto"}
 DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
           "bf16": "bf16", "bfloat16": "bf16"}
 
+
+@dataclass(frozen=True)
+class IntOption:
+    """An integer option's default (None: unset) and range, for the handler and for ``lmi render``'s spec."""
+
+    default: int | None
+    minimum: int = 1
+    maximum: int | None = None
+
+
+#: ``option.dtype``'s values as the handler names them (the spec's choices).
+DTYPE_NAMES = tuple(dict.fromkeys(DTYPES.values()))
+# The handler's integer options: the one place their defaults and ranges are stated.
+INT_OPTIONS = {
+    "max_new_tokens": IntOption(30),
+    "batch_size": IntOption(1, maximum=999),
+    "max_rolling_batch_size": IntOption(32, maximum=999),
+    "max_rolling_batch_prefill_tokens": IntOption(None),
+    "tensor_parallel_degree": IntOption(1),
+    "max_model_len": IntOption(None),
+}
+
 # Keys DJLServing itself (or its Python engine) puts into the init properties.
 SERVER_KEYS = frozenset({
     "engine", "entryPoint", "handler", "model_dir", "device_id", "cluster_size", "job_queue_size",
@@ -80,6 +102,11 @@ def parse_int(props: Mapping[str, Any], key: str, default: int | None, minimum: 
     return value
 
 
+def _int(props: Mapping[str, Any], key: str) -> Any:
+    option = INT_OPTIONS[key]
+    return parse_int(props, key, option.default, option.minimum, option.maximum)
+
+
 def parse_float(props: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
     """A number in ``(low, high]``."""
     if key not in props or _text(props[key]) == "":
@@ -110,8 +137,8 @@ class HandlerConfig:
     model_dir: str
     #: Local directory (or hub id) of the weights; defaults to the model directory itself.
     model_id: str
-    #: ``hf`` (transformers, CPU/CUDA), ``neuronx`` (transformers-neuronx, inf2), ``scripted`` (no
-    #: weights; for tests and load tests) or ``auto`` (neuronx when transformers_neuronx imports).
+    #: A backend of ``backends/registry.py`` (hf, neuronx, scripted) or ``auto``: the first the registry finds
+    #: available here.
     backend: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -157,21 +184,21 @@ class HandlerConfig:
         config = cls(
             model_dir=model_dir,
             model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
-            backend=parse_choice(props, "backend", "auto", ("auto", "hf", "neuronx", "scripted")),
+            backend=parse_choice(props, "backend", "auto", backend_names()),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
-            max_new_tokens=parse_int(props, "max_new_tokens", 30),
+            max_new_tokens=_int(props, "max_new_tokens"),
             output_formatter=parse_choice(props, "output_formatter", "", OUTPUT_FORMATTERS),
             tgi_compat=parse_bool(props, "tgi_compat", False),
-            batch_size=parse_int(props, "batch_size", 1, maximum=999),
+            batch_size=_int(props, "batch_size"),
             rolling_batch=parse_choice(props, "rolling_batch", "disable", ROLLING_BATCH_MODES),
-            max_rolling_batch_size=parse_int(props, "max_rolling_batch_size", 32, maximum=999),
-            max_rolling_batch_prefill_tokens=parse_int(props, "max_rolling_batch_prefill_tokens", None),
+            max_rolling_batch_size=_int(props, "max_rolling_batch_size"),
+            max_rolling_batch_prefill_tokens=_int(props, "max_rolling_batch_prefill_tokens"),
             enable_chunked_prefill=parse_bool(props, "enable_chunked_prefill", False),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
             tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
-            else parse_int(props, "tensor_parallel_degree", 1),
-            max_model_len=parse_int(props, "max_model_len", None),
+            else _int(props, "tensor_parallel_degree"),
+            max_model_len=_int(props, "max_model_len"),
             limits=RequestLimits(
                 max_prompt_chars=parse_int(props, "max_prompt_chars", RequestLimits.max_prompt_chars),
                 max_prompts_per_request=parse_int(props, "max_prompts_per_request",
@@ -183,6 +210,13 @@ class HandlerConfig:
                               "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "
                               "set option.rolling_batch=disable or batch_size=1")
         return config
+
+
+def backend_names() -> tuple[str, ...]:
+    """What ``option.backend`` allows: ``auto`` and every backend of the registry."""
+    from .backends.registry import NAMES  # the registry reads this module: imported when first asked
+
+    return NAMES
 
 
 def is_rolling(value: Any) -> bool:
@@ -201,15 +235,6 @@ def _resolve_model_id(model_id: str, model_dir: str) -> str:
     candidate = model_id if os.path.isabs(model_id) else os.path.join(model_dir, model_id)
     return candidate if os.path.isdir(candidate) else model_id
 
-
-# Options of the neuronx backend (the names DJLServing's transformers-neuronx handler uses).
-NEURONX_KEYS = frozenset({
-    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
-    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
-    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
-    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
-    "low_cpu_mem_usage",
-})
 
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",

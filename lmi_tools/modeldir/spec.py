@@ -16,11 +16,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.backends.registry import BACKENDS, NAMES, for_instance
+from lmi_handlers.config import DTYPE_NAMES, HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
 
 from ..errors import UsageError
 from ..instances import INSTANCES, lookup
-from ..validation.runtime import backend_option_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -43,6 +43,14 @@ FIELD_OPTIONS = frozenset({
     "entryPoint", "engine", "max_batch_delay",
 })
 OptionValue = Union[bool, int, float, str, list[int]]
+UNSET: Any = object()
+
+
+def handler_field(key: str, default: Any = UNSET) -> Any:
+    """A spec field for the handler's integer ``option.<key>``: its default and range as the handler states them
+    (``lmi_handlers.config.INT_OPTIONS``), or ``default`` where the spec leaves it unset."""
+    option = INT_OPTIONS[key]
+    return Field(option.default if default is UNSET else default, ge=option.minimum, le=option.maximum)
 
 
 class DeploySpec(BaseModel):
@@ -67,20 +75,22 @@ class DeploySpec(BaseModel):
     model_id: str | None = None
     #: EC2/SageMaker instance type (``ml.`` prefix allowed), see ``lmi_tools/instances.py``.
     instance_type: str
-    #: ``auto`` picks neuronx on Inferentia2/Trainium and hf on GPUs; the rendered file names it.
-    backend: Literal["auto", "neuronx", "hf", "scripted"] = "auto"
-    tensor_parallel_degree: int = Field(1, ge=1)
-    #: Longest prompt + output in tokens: ``option.n_positions`` (neuronx) or ``option.max_model_len`` (hf).
-    n_positions: int | None = Field(None, ge=1)
+    #: A backend of ``lmi_handlers/backends/registry.py``; ``auto`` is the first that runs on the instance type.
+    #: The rendered file names it.
+    backend: str = "auto"
+    tensor_parallel_degree: int = handler_field("tensor_parallel_degree")
+    #: Longest prompt + output in tokens: the backend's length option (``option.max_model_len``, or
+    #: ``option.n_positions`` on neuronx).
+    n_positions: int | None = handler_field("max_model_len")
     #: Dynamic batching: requests per handler call (not with rolling batch).
-    batch_size: int = Field(1, ge=1, le=999)
+    batch_size: int = handler_field("batch_size")
     #: Milliseconds DJLServing waits to fill a dynamic batch.
     max_batch_delay: int = Field(100, ge=0)
     #: Continuous batching (``option.rolling_batch=scheduler``) with up to ``max_rolling_batch_size`` sequences.
     rolling_batch: bool = False
-    max_rolling_batch_size: int = Field(32, ge=1, le=999)
-    max_rolling_batch_prefill_tokens: int | None = Field(None, ge=1)
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    max_rolling_batch_size: int = handler_field("max_rolling_batch_size")
+    max_rolling_batch_prefill_tokens: int | None = handler_field("max_rolling_batch_prefill_tokens")
+    dtype: Literal[DTYPE_NAMES] = "auto"  # type: ignore[valid-type]
     #: int8 weights (neuronx only).
     quantize: Literal["static_int8"] | None = None
     #: Seconds for loading (and, on Neuron, compiling) the model, and for each request or rolling step.
@@ -88,7 +98,8 @@ class DeploySpec(BaseModel):
     predict_timeout: int = Field(240, ge=1)
     #: Response format; unset means per request (stream flag and Accept header).
     output_formatter: str | None = None
-    max_new_tokens: int | None = Field(None, ge=1)
+    #: Unset: the handler's default.
+    max_new_tokens: int | None = handler_field("max_new_tokens", default=None)
     trust_remote_code: bool = False
     revision: str | None = None
     #: Extra ``option.*`` keys (e.g. ``context_length_estimate = [256, 512]``).
@@ -105,6 +116,13 @@ class DeploySpec(BaseModel):
             raise ValueError(f"unknown instance type; known: {', '.join(sorted(INSTANCES))}")
         return value
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if value not in NAMES:
+            raise ValueError(f"allowed values are {', '.join(NAMES)}")
+        return value
+
     @field_validator("output_formatter")
     @classmethod
     def _formatter(cls, value: str | None) -> str | None:
@@ -116,29 +134,27 @@ class DeploySpec(BaseModel):
     def _consistent(self) -> "DeploySpec":
         if self.rolling_batch and self.batch_size > 1:
             raise ValueError("batch_size > 1 (dynamic batching) cannot be combined with rolling_batch = true")
-        kind = lookup(self.instance_type).kind
-        if self.backend == "neuronx" and kind != "neuron":
-            raise ValueError(f"backend neuronx needs an Inferentia2/Trainium instance, not {self.instance_type}")
-        backend_keys = {b: backend_option_keys(b) - HANDLER_KEYS for b in ("neuronx", "scripted")}
-        option_keys = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
-        _check_keys(self.options, option_keys.union(*backend_keys.values()), "options")
+        instance = lookup(self.instance_type)
+        backend = BACKENDS[self.resolved_backend]
+        if not backend.runs_on(instance.family):
+            raise ValueError(backend.not_on(self.instance_type))
+        general = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
+        _check_keys(self.options, general.union(*(e.keys for e in BACKENDS.values())), "options")
         _check_keys(self.server, SERVER_ONLY_KEYS, "server")
-        for backend, keys in backend_keys.items():
-            foreign = sorted(set(self.options) & keys)
-            if foreign and self.resolved_backend != backend:
-                raise ValueError(f"options {', '.join(foreign)} are read by the {backend} backend only, and this "
-                                 f"spec uses {self.resolved_backend}")
+        foreign = sorted(key for key in set(self.options) - general - backend.keys)
+        if foreign:
+            readers = sorted({e.name for e in BACKENDS.values() if e.keys & set(foreign)})
+            raise ValueError(f"options {', '.join(foreign)} are read by the {' and '.join(readers)} backend only, "
+                             f"and this spec uses {backend.name}")
         return self
 
     @property
     def resolved_backend(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "neuronx" if lookup(self.instance_type).kind == "neuron" else "hf"
+        return for_instance(self.backend, lookup(self.instance_type).family).name
 
     @property
     def positions_key(self) -> str:
-        return "n_positions" if self.resolved_backend == "neuronx" else "max_model_len"
+        return BACKENDS[self.resolved_backend].length_key
 
 
 def _check_keys(table: dict[str, Any], known: frozenset[str], name: str) -> None:

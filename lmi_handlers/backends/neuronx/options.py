@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from ...config import HandlerConfig, parse_bool, parse_choice, parse_int
 from ...errors import ConfigError
+from ...model_config import DEFAULT_POSITIONS, max_positions, stored_dtype
 
 #: HF ``model_type`` -> transformers-neuronx class (the library's own auto-class mapping).
 MODEL_CLASSES = {
@@ -30,8 +31,17 @@ SERIAL_TYPES = ("gptj", "gpt_neox")
 BOUNDED_TYPES = ("opt", "gpt2", "gptj")
 AMPS = ("f32", "f16", "bf16")
 DTYPE_TO_AMP = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+AMP_TO_DTYPE = {amp: dtype for dtype, amp in DTYPE_TO_AMP.items()}
 GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
+#: The options this backend reads (the names DJLServing's transformers-neuronx handler uses).
+KEYS = frozenset({
+    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
+    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
+    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
+    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
+    "low_cpu_mem_usage",
+})
 #: DJL's later default (its v0.29 default of 128 is too small for most prompts).
 MAX_DEFAULT_POSITIONS = 4096
 
@@ -125,6 +135,27 @@ class CompileSettings:
     model_shape: dict[str, Any]
     warnings: tuple[str, ...] = field(default=(), compare=False)
 
+    # What every backend's plan says (``lmi validate`` reads these): dtype, int8 weights, sequence length and the
+    # KV cache's tokens, here static: one full-length row per batch slot.
+    @property
+    def dtype(self) -> str:
+        return AMP_TO_DTYPE[self.amp]
+
+    @property
+    def int8(self) -> bool:
+        return "quant" in self.neuron_config
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.n_positions
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.batch_size * self.n_positions
+
+    #: Every batch slot holds a full-length KV row (no pool to share).
+    static_kv = True
+
     def manifest(self) -> dict[str, Any]:
         data = asdict(self)
         data.pop("warnings")
@@ -194,21 +225,13 @@ def _amp(config: HandlerConfig, options: NeuronxOptions, model: Mapping[str, Any
                           "them")
     if options.amp or from_dtype:
         return options.amp or from_dtype  # type: ignore[return-value]
-    stored = str(model.get("torch_dtype") or model.get("dtype") or "")
-    return "bf16" if stored == "bfloat16" else "f16"  # DJL's default is fp16
-
-
-def _positions_limit(model: Mapping[str, Any]) -> int | None:
-    for key in ("max_position_embeddings", "n_positions"):
-        if isinstance(model.get(key), int):
-            return model[key]
-    return None
+    return "bf16" if stored_dtype(model) == "bf16" else "f16"  # DJL's default is fp16
 
 
 def _n_positions(options: NeuronxOptions, model: Mapping[str, Any], model_type: str) -> int:
-    limit = _positions_limit(model)
+    limit = max_positions(model)
     if options.n_positions is None:
-        return min(limit or 2048, MAX_DEFAULT_POSITIONS)
+        return min(limit or DEFAULT_POSITIONS, MAX_DEFAULT_POSITIONS)
     if model_type in BOUNDED_TYPES and limit is not None and options.n_positions > limit:
         raise ConfigError("n_positions", options.n_positions, f"{model_type} has learned or checked positions up "
                           f"to {limit}; transformers-neuronx refuses more. Use at most {limit}")
@@ -272,7 +295,7 @@ def _check_serial(options: NeuronxOptions, model: Mapping[str, Any], model_type:
 
 
 def _warnings(model: Mapping[str, Any], model_type: str, tp: int, amp: str, n_positions: int, batch: int):
-    limit = _positions_limit(model)
+    limit = max_positions(model)
     if limit is not None and n_positions > limit and model_type not in BOUNDED_TYPES:
         yield f"n_positions={n_positions} exceeds the {limit} positions {model_type} was trained on"
     if model_type == "gpt_neox" and amp != "f32":
