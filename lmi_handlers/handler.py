@@ -18,6 +18,7 @@ from . import djl
 from .backends import load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
+from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, status_of
@@ -42,6 +43,7 @@ class Handler:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
+        ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
         self.config, self.backend = config, backend
         self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None

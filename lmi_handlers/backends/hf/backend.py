@@ -42,6 +42,7 @@ from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch
 from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
 from .quantize import model_bytes, parse_method, quantize_weights
 from ..sampler import select_tokens
+from ...structured.masks import GrammarMasks
 from .tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
                           load_draft_tokenizer, parse_options)
@@ -111,6 +112,8 @@ def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
 
 class HFBackend:
     name = "hf"
+    #: Constrained requests are sampled under their grammar's token masks (``structured/masks.py``).
+    structured_output = True
     option_keys = POOL_KEYS | SPECULATIVE_KEYS | set(CPU_KERNEL_KEYS) | {"quantize", "gguf_file"}
 
     def __init__(self, config: HandlerConfig):
@@ -159,6 +162,7 @@ class HFBackend:
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
+        self.grammars = GrammarMasks(tokenizer, self.tokenizer.eos_ids)
         self.max_sequence_length = model_max_positions(model.config)
         if config.max_model_len:
             self.max_sequence_length = min(self.max_sequence_length, config.max_model_len)
@@ -307,7 +311,7 @@ class NativeRunner:
             rows.append(logits)
         if not seqs:
             return {}
-        picked = select_tokens(self.torch, self.torch.cat(rows), seqs)
+        picked = select_tokens(self.torch, self.torch.cat(rows), seqs, self.backend.grammars)
         return {seq.uid: choice for seq, choice in zip(seqs, picked)}
 
     def release(self, seq: SequenceState) -> None:
@@ -364,7 +368,8 @@ class PagedRunner:
                 rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
                 seqs += [group[i].seq for i in keep]
         if seqs:
-            picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
+            picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs,
+                                   self.backend.grammars)
             out.update((seq.uid, choice) for seq, choice in zip(seqs, picked))
         return out
 

@@ -21,7 +21,10 @@ from lmi_handlers.errors import Cancelled
 
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
-from .generation import Failure, Result, Token, drop_nulls, error_message, generate, refuse_unsupported
+from lmi_handlers.structured.constraint import from_response_format
+
+from .generation import (Failure, Result, Token, drop_nulls, error_message, generate, guided_parameters,
+                         refuse_unsupported)
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, named, read_body, started, submit
 
 router = APIRouter(tags=["openai"])
@@ -29,7 +32,7 @@ PREFIX = "/v1/"
 
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
                      "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
-                     "suffix", "logit_bias",
+                     "suffix", "logit_bias", "response_format",
                      # vLLM's extensions, which benchmark clients send (the chat schema takes them too)
                      "top_k", "repetition_penalty", "ignore_eos")
 NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
@@ -100,7 +103,8 @@ async def completions(request: Request, store: Store) -> Response:
                   "do_sample": isinstance(temperature, (int, float)) and temperature > 0,
                   "temperature": temperature, "return_full_text": body.get("echo", False),
                   **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
-                     if k in body}}
+                     if k in body},
+                  **guided_parameters(from_response_format, body.get("response_format"))}
     items = await generate(request, store, model, {"inputs": prompt, "parameters": parameters, "stream": stream},
                            stream=stream is True)
     completion = _Completion(model.name, body)
