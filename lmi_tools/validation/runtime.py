@@ -16,6 +16,7 @@ from typing import Any, Iterator, Mapping
 
 from lmi_handlers.backends.neuronx.options import CompileSettings, NeuronxOptions, plan_compile
 from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.structured.tools import ToolOptions
 
 
 # Where SageMaker and `docker run -v` put the model directory inside the container.
@@ -32,7 +33,9 @@ def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
         # the container's own path to the model directory: here, that directory is model_dir
         props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
     with quiet("lmi_handlers.config"):
-        return HandlerConfig.from_properties(props)
+        config = HandlerConfig.from_properties(props)
+    ToolOptions.from_properties(props)  # the handler reads these at load too
+    return config
 
 
 def neuronx_plan(config: HandlerConfig, model: Mapping[str, Any], tp: int) -> CompileSettings:

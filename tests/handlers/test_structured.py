@@ -159,3 +159,4 @@ def test_constrained_and_free_rows_share_a_step_and_free_greedy_rows_are_unchang
     assert texts[1].isdigit() and len(texts[1]) == 3 and texts[4].isdigit() and len(texts[4]) == 3
     assert texts[2] == "hello"
     assert all(seq.finished for seq in (seqs[1], seqs[2], seqs[4]))  # each ended with its grammar
+
