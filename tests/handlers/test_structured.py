@@ -160,3 +160,20 @@ def test_constrained_and_free_rows_share_a_step_and_free_greedy_rows_are_unchang
     assert texts[2] == "hello"
     assert all(seq.finished for seq in (seqs[1], seqs[2], seqs[4]))  # each ended with its grammar
 
+
+
+def test_constrained_rows_do_not_speculate_beside_rows_that_do(tiny_model_dir, tmp_path):
+    from .test_hf_backend import ask, loaded
+    from .test_speculative import always_speculate
+
+    handler = loaded(tiny_model_dir, tmp_path, rolling_batch="disable", speculative_draft_model=str(tiny_model_dir))
+    always_speculate(handler)
+    code, body = ask(handler, {"inputs": "the the the the the the", "parameters": {
+        "max_new_tokens": 12, "details": True, "guided_regex": "[0-9]{4}"}})
+    answer = json.loads(body)
+    assert code == 200 and answer["generated_text"].isdigit() and len(answer["generated_text"]) == 4
+    assert "draft_tokens" not in answer["details"] or answer["details"]["draft_tokens"] == 0
+    assert answer["details"]["finish_reason"] == "eos_token"  # ended with its grammar, before the budget
+    code, body = ask(handler, {"inputs": "the the the the the the", "parameters": {"max_new_tokens": 12,
+                                                                                   "details": True}})
+    assert code == 200 and json.loads(body)["details"]["draft_tokens"] > 0  # the free row still guesses
