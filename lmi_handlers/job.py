@@ -113,9 +113,6 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:
     if request.schema is Schema.CHAT:
-        if request.tools is None:
-            text = backend.tokenizer.render_chat(request.messages)
-            return text, backend.tokenizer.encode_chat(request.messages)
         text = backend.tokenizer.render_chat(request.messages, request.tools)
         return text, backend.tokenizer.encode_chat(request.messages, request.tools)
     return request.prompt, backend.tokenizer.encode(request.prompt)
