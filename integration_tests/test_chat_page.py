@@ -188,3 +188,33 @@ def test_new_chat_never_leaves_an_empty_conversation_behind(server, browser):
     page.reload()
     playwright_api.expect(chats).to_have_count(1)
     playwright_api.expect(chats.first).to_have_text("hello")
+
+
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+WEATHER_TOOL = '[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]'
+
+
+@NEEDS_BROWSER
+def test_tool_calls_show_as_calls_and_json_mode_reaches_the_server(serve, browser, shots):
+    caller = serve.scripted("caller", **{"option.rolling_batch": "scheduler", "option.scripted_text": CALL,
+                                         "option.max_new_tokens": len(CALL), "option.enable_auto_tool_choice": "true",
+                                         "option.tool_call_parser": "hermes"})
+    server = serve([caller])
+    page = browser.new_page(viewport={"width": 1100, "height": 750})
+    page.goto(server.url + "/")
+    playwright_api.expect(page.locator("#model-status")).to_have_text("Available")
+    page.click("#settings summary")
+    page.fill("#max-tokens", str(len(CALL)))  # the scripted text once: one call
+    page.fill("#tools", WEATHER_TOOL)
+    page.fill("#prompt", "Weather in Paris?")
+    page.press("#prompt", "Enter")
+    call = answers(page).last.locator(".tool-call")
+    playwright_api.expect(call).to_have_text('tool call: get_weather({"city":"Paris"})', timeout=20_000)
+    page.screenshot(path=str(shots / "chat-page-tool-call.png"))
+
+    # JSON mode sends response_format; this backend cannot enforce it, and the page shows the server's reason.
+    page.fill("#tools", "")
+    page.check("#json-mode")
+    page.fill("#prompt", "JSON please")
+    page.press("#prompt", "Enter")
+    playwright_api.expect(page.locator(".message.error").last).to_contain_text("response_format", timeout=20_000)

@@ -24,6 +24,7 @@ from typing import Any
 
 from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
 from .request import GenerationRequest, Schema
+from .structured.tools import call_id
 
 
 class Framing(str, enum.Enum):
@@ -226,15 +227,50 @@ class Encoder:
             return None
         return {"content": [{"token": t.text, "logprob": t.log_prob, "top_logprobs": []} for t in tokens]}
 
+    def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
+        """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""
+        reason = OPENAI_FINISH[result.finish_reason]
+        if self.request.tools is None:
+            return result.text, [], reason
+        content, calls = self.request.tools.calls(result.text)
+        shaped = [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
+                  for name, arguments in calls]
+        return content, shaped, "tool_calls" if shaped else reason
+
     def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
+        content, calls, reason = self._tool_calls(result)
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
         return {"id": self._chat_id, "object": "chat.completion", "created": self._created,
                 "model": self.model_name,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result.text},
-                             "logprobs": self._logprobs(result.tokens),
-                             "finish_reason": OPENAI_FINISH[result.finish_reason]}],
+                "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(result.tokens),
+                             "finish_reason": reason}],
                 "usage": self._usage(result)}
 
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+        return self._frame({"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
+                            "model": self.model_name,
+                            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+
+    def _tool_call_chunks(self, result: GenerationResult) -> str:
+        """A tool-calling answer, streamed once it is complete (calls are read from the whole text): its content,
+        then each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
+        content, calls, reason = self._tool_calls(result)
+        out = [self._chunk({"role": "assistant", "content": content})]
+        for i, call in enumerate(calls):
+            head = {"index": i, "id": call["id"], "type": "function",
+                    "function": {"name": call["function"]["name"], "arguments": ""}}
+            out.append(self._chunk({"tool_calls": [head]}))
+            out.append(self._chunk({"tool_calls": [{"index": i, "function": {
+                "arguments": call["function"]["arguments"]}}]}))
+        out.append(self._chunk({}, reason))
+        return "".join(out)
+
     def _chat_chunk(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+        if self.request.tools is not None and self.request.tools.active:
+            out = self._tool_call_chunks(result) if result is not None else ""
+            return out + self._chat_end(result)
         text = event.token.text if event is not None else ""
         if not text and result is None and self._sent_role:
             return ""  # a held-back token: nothing for the client yet
@@ -247,7 +283,11 @@ class Encoder:
                  "choices": [{"index": 0, "delta": delta,
                               "logprobs": self._logprobs([event.token]) if event is not None else None,
                               "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None}]}
-        out = self._frame(chunk)
+        return self._frame(chunk) + self._chat_end(result)
+
+    def _chat_end(self, result: GenerationResult | None) -> str:
+        """After a stream's last chunk: the usage chunk if asked for, and ``[DONE]`` over SSE."""
+        out = ""
         if result is not None:
             if self.request.include_usage:
                 out += self._frame({"id": self._chat_id, "object": "chat.completion.chunk",

@@ -19,6 +19,7 @@ from . import adapters as lora
 from .backends import load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
+from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, InvalidRequest, status_of
@@ -44,6 +45,7 @@ class Handler:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
+        ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
         options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))

@@ -11,6 +11,7 @@ otherwise - so the same object serves a plain call, a stream and a rolling-batch
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any, Mapping
 
@@ -22,6 +23,7 @@ from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
 from .request import GenerationRequest, Payload, Schema, decode_body, parse_payload
 from .sequence import SequenceState
+from .structured import tools as tool_calling
 
 
 class Job:
@@ -99,6 +101,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     accept = item.get_property("Accept")
     seqs, encoders = [], []
     for request, adapter in zip(payload.requests, chosen):
+        request = _structured(request, config, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
@@ -114,10 +117,22 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     return Job(payload, seqs, encoders)
 
 
+def _structured(request: GenerationRequest, config: HandlerConfig, backend: Backend) -> GenerationRequest:
+    """``request`` with the server's tool-call parser; a 400 for a constraint this backend cannot enforce."""
+    if request.constraint is not None and not getattr(backend, "structured_output", False):
+        field = request.constraint.field
+        raise InvalidRequest(f"{field}: the {backend.name} backend does not enforce structured output; "
+                             "serve the model with option.backend=hf", field=field)
+    if request.tools is None:
+        return request
+    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties))
+    return dataclasses.replace(request, tools=tools)
+
+
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:
     if request.schema is Schema.CHAT:
-        text = backend.tokenizer.render_chat(request.messages)
-        return text, backend.tokenizer.encode_chat(request.messages)
+        text = backend.tokenizer.render_chat(request.messages, request.tools)
+        return text, backend.tokenizer.encode_chat(request.messages, request.tools)
     return request.prompt, backend.tokenizer.encode(request.prompt)
 
 

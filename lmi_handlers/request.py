@@ -22,17 +22,20 @@ from typing import Any, Mapping
 from .errors import InvalidRequest, invalid_field
 from .schemas import (GenerationRequest, Payload, RequestLimits, SamplingParams, Schema, StoppingParams,
                       checked, rule_of)
+from .structured import constraint as structured
+from .structured import tools as tool_calling
 
 __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "Schema", "StoppingParams",
            "decode_body", "parse_payload"]
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos",
-                  "ignore_eos_token")
+                  "ignore_eos_token", *structured.GUIDED_FIELDS)
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                "stop", "seed", "stream", "stream_options", "n", "logprobs", "top_logprobs",
-               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user")
-CHAT_ROLES = ("system", "developer", "user", "assistant")
+               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user",
+               "response_format", "tools", "tool_choice", "parallel_tool_calls", *structured.GUIDED_FIELDS)
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
 
 
@@ -162,8 +165,10 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
     many, prompts = _prompts("inputs", data["inputs"], limits)
     response = {"stream": data.get("stream"), "details": params.get("details"),
                 "return_full_text": params.get("return_full_text")}
+    constraint = structured.from_guided(params, "parameters.")
     return Payload(tuple(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
-                                 sampling=sampling, stopping=stopping) for prompt in prompts), many=many)
+                                 sampling=sampling, stopping=stopping, constraint=constraint)
+                         for prompt in prompts), many=many)
 
 
 def _chat_messages(value: Any, limits: RequestLimits) -> tuple[tuple[str, str], ...]:
@@ -174,13 +179,16 @@ def _chat_messages(value: Any, limits: RequestLimits) -> tuple[tuple[str, str], 
         field = f"messages[{i}]"
         if not isinstance(message, Mapping):
             raise invalid_field(field, message, "expected an object with 'role' and 'content'")
-        _check_known(message, ("role", "content", "name"), field)
+        _check_known(message, ("role", "content", "name", "tool_calls", "tool_call_id"), field)
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise invalid_field(f"{field}.role", role, f"allowed roles are {', '.join(CHAT_ROLES)}")
         if message.get("name") is not None and not isinstance(message["name"], str):
             raise invalid_field(f"{field}.name", message["name"], "expected a string")
-        content = _chat_content(f"{field}.content", message.get("content"))
+        if role == "assistant" and message.get("tool_calls") is not None:
+            content = tool_calling.message_text(field, message)
+        else:
+            content = _chat_content(f"{field}.content", message.get("content"))
         if not content.strip():
             raise invalid_field(f"{field}.content", content, "expected text, not only whitespace")
         messages.append((role, content))
@@ -238,8 +246,12 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: Re
                                         "ignore_eos": data.get("ignore_eos")}, names)
     response = {"stream": data.get("stream"), "details": data.get("logprobs"),
                 "include_usage": stream_options.get("include_usage")}
+    tools = tool_calling.parse_tools(data)
+    constraint = structured.one_of(structured.from_response_format(data.get("response_format")),
+                                   structured.from_guided(data), tools.constraint() if tools else None)
     return checked(GenerationRequest, response, names, schema=Schema.CHAT, prompt="", sampling=sampling,
-                   stopping=stopping, messages=_chat_messages(data.get("messages"), limits), model=data.get("model"))
+                   stopping=stopping, messages=_chat_messages(data.get("messages"), limits), model=data.get("model"),
+                   constraint=constraint, tools=tools)
 
 
 def _parse_legacy(data: Mapping[str, Any], limits: RequestLimits) -> Payload:

@@ -14,9 +14,13 @@ import dataclasses
 import enum
 import math
 from dataclasses import dataclass, field
-from typing import Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Mapping, TypeVar
 
 from .errors import invalid_field
+
+if TYPE_CHECKING:
+    from .structured.constraint import Constraint
+    from .structured.tools import ToolCalling
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
@@ -161,6 +165,10 @@ class GenerationRequest:
     model: str | None = None
     #: A final chat chunk with token counts (``stream_options.include_usage``).
     include_usage: bool = ruled(False, Rule(bool))
+    #: What the answer must match (a JSON schema, a regex), enforced while sampling (``structured/``).
+    constraint: Constraint | None = None
+    #: Chat tool calling: the tools, ``tool_choice`` and how calls are read back (``structured/tools.py``).
+    tools: ToolCalling | None = None
 
 
 @dataclass(frozen=True)

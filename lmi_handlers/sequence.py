@@ -36,6 +36,8 @@ class SequenceState:
         self.finished = False
         self.backend_state: Any = None
         self.sampler_state: Any = None
+        #: The grammar matcher of a constrained sequence (``structured/masks.py``), made at its first step.
+        self.grammar: Any = None
         self.num_cached = 0
         #: (draft tokens proposed, of which accepted) when the backend speculates for this sequence, else None.
         self.speculation: tuple[int, int] | None = None

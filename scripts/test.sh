@@ -21,7 +21,7 @@ COMPAT=${COMPAT_VENV:-.venv-compat}
 [ -x "$COMPAT/bin/python" ] || python3 -m venv "$COMPAT"
 "$COMPAT/bin/python" -m pip install -q --upgrade pip
 scripts/install_torch.sh "$COMPAT/bin/python" -q
-"$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors jinja2 "typer>=0.29,<0.30" rich pytest pytest-timeout hypothesis boto3 moto peft
+"$COMPAT/bin/python" -m pip install -q "transformers==4.43.4" "numpy<2" tokenizers safetensors "llguidance>=1.9,<2" jinja2 "typer>=0.29,<0.30" rich pytest pytest-timeout hypothesis boto3 moto peft
 echo "--- handler tests with transformers 4.43.4"
 # The compiled kernels' other vector builds are C++ against the same torch: the first run has checked them.
 "$COMPAT/bin/python" -m pytest -q tests/handlers \

@@ -32,11 +32,12 @@ class Tokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
-    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        """The prompt text for chat messages (the tokenizer's chat template, generation prompt added)."""
+    def render_chat(self, messages: Sequence[tuple[str, str]], tools: Any = None) -> str:
+        """The prompt text for chat messages (the tokenizer's chat template, generation prompt added), with the
+        request's tools (``structured.tools.ToolCalling``) when it has any."""
         ...
 
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]: ...
+    def encode_chat(self, messages: Sequence[tuple[str, str]], tools: Any = None) -> list[int]: ...
 
 
 class Backend(Protocol):

@@ -202,9 +202,15 @@ def uniform(torch: Any, seq: SequenceState, device: Any) -> float:
     return float(_uniform(torch, seq, device))
 
 
-def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[tuple[int, float]]:
-    """One (token id, log prob) per row of ``logits`` ([rows, vocab])."""
+def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState],
+                  grammars: Any = None) -> list[tuple[int, float] | list[tuple[int, float]]]:
+    """One (token id, log prob) per row of ``logits`` ([rows, vocab]). With ``grammars``
+    (``structured.masks.GrammarMasks``), constrained rows choose among the tokens their grammar allows (their
+    log probabilities are those of the masked distribution), and a row whose grammar completes gets a list:
+    its token, then end-of-sequence."""
     logits = logits.float()
+    if grammars is not None:
+        logits = grammars.mask(torch, logits, seqs)
     params = [seq.request.sampling for seq in seqs]
     penalized = [row for row, p in enumerate(params) if p.repetition_penalty != 1.0]
     sampled = [row for row, p in enumerate(params) if p.do_sample]
@@ -221,4 +227,5 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> lis
     ids = chosen.tolist()
     for row in penalized:
         seqs[row].sampler_state.seen[ids[row]] = True
-    return list(zip(ids, log_probs.tolist()))
+    picks = list(zip(ids, log_probs.tolist()))
+    return grammars.advance(seqs, picks) if grammars is not None else picks

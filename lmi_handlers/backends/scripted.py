@@ -28,6 +28,7 @@ from ..config import HandlerConfig, parse_bool, parse_int
 from ..errors import BackendError
 from ..sequence import Chunk, SequenceState
 from .base import ANY_FAMILY
+from ..structured.tools import with_tool_prompt
 
 PAD, BOS, EOS = 0, 1, 2
 OFFSET = 3
@@ -76,11 +77,14 @@ class ScriptedTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return bytes(i - OFFSET for i in ids if i >= OFFSET).decode("utf-8", errors="replace")
 
-    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        return "".join(f"<|{role}|>{content}\n" for role, content in messages) + "<|assistant|>"
+    def render_chat(self, messages: Sequence[tuple[str, str]], tools: Any = None) -> str:
+        turns = [{"role": r, "content": c} for r, c in messages]
+        if tools is not None and tools.active:
+            turns = with_tool_prompt(turns, tools)
+        return "".join(f"<|{t['role']}|>{t['content']}\n" for t in turns) + "<|assistant|>"
 
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        return self.encode(self.render_chat(messages))
+    def encode_chat(self, messages: Sequence[tuple[str, str]], tools: Any = None) -> list[int]:
+        return self.encode(self.render_chat(messages, tools))
 
 
 class ScriptedBackend:

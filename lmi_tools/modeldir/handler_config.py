@@ -14,6 +14,7 @@ from typing import Iterator, Mapping
 
 from lmi_handlers.backends.registry import BACKENDS, for_instance
 from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.structured.tools import ToolOptions
 
 #: Where SageMaker and `docker run -v` put the model directory inside the container.
 CONTAINER_MODEL_DIR = "/opt/ml/model"
@@ -29,7 +30,9 @@ def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
         # the container's own path to the model directory: here, that directory is model_dir
         props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
     with quiet("lmi_handlers.config"):
-        return HandlerConfig.from_properties(props)
+        config = HandlerConfig.from_properties(props)
+    ToolOptions.from_properties(props)  # the handler reads these at load too
+    return config
 
 
 def backend_option_keys(backend: str, family: str | None = None) -> frozenset[str]:

@@ -127,7 +127,7 @@ def test_invalid_values_name_field_value_and_allowed(data, field, fragment):
 @pytest.mark.parametrize("data, field", [
     ({"inputs": "x", "parameters": {"best_of": 2}}, "parameters.best_of"),
     ({"inputs": "x", "extra": 1}, "extra"),
-    ({"messages": [{"role": "user", "content": "x"}], "tools": []}, "tools"),
+    ({"messages": [{"role": "user", "content": "x"}], "functions": []}, "functions"),
     ({"text": "x", "seq_length": 10, "batch": 2}, "batch"),
 ])
 def test_unknown_fields_are_refused_with_the_allowed_list(data, field):

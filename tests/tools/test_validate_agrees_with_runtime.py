@@ -194,3 +194,12 @@ def test_the_issues_examples(tmp_path, buckets, refused):
     assert report.ok is not refused
     assert any("largest bucket must equal n_positions" in f.message for f in report.errors) is refused
     assert_agree(model_dir, model, INSTANCES["inf2.xlarge"])
+
+
+def test_validate_reads_the_tool_call_options_as_the_handler_does(tmp_path):
+    from lmi_handlers.config import ConfigError
+    from lmi_tools.validation.runtime import handler_config
+
+    with pytest.raises(ConfigError, match="option.tool_call_parser='mistral'"):
+        handler_config({"tool_call_parser": "mistral"}, str(tmp_path))
+    assert handler_config({"enable_auto_tool_choice": "true", "tool_call_parser": "hermes"}, str(tmp_path))

@@ -44,6 +44,7 @@ from .paged_cache import BlockManager, PoolPlan, make_paged_cache
 from .plan import HfPlan, plan, resolve_dtype
 from .quantize import model_bytes, quantize_weights
 from ..sampler import select_tokens
+from ...structured.masks import GrammarMasks
 from .tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
                           load_draft_tokenizer)
@@ -93,6 +94,8 @@ def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:
 
 class HFBackend:
     name = "hf"
+    #: Constrained requests are sampled under their grammar's token masks (``structured/masks.py``).
+    structured_output = True
     option_keys = KEYS
 
     def __init__(self, config: HandlerConfig):
@@ -149,6 +152,7 @@ class HFBackend:
         self.max_sequence_length = self.plan.max_sequence_length
         self.max_batch_size = self.plan.batch_size
         self.pool = self.plan.pool
+        self.grammars = GrammarMasks(tokenizer, self.tokenizer.eos_ids)
         self._keep = _logits_keep_argument(model)
         self.cache_keyword = cache_keyword(model)
         self.runner = self._choose_runner()
@@ -300,7 +304,7 @@ class NativeRunner:
             rows.append(logits)
         if not seqs:
             return {}
-        picked = select_tokens(self.torch, self.torch.cat(rows), seqs)
+        picked = select_tokens(self.torch, self.torch.cat(rows), seqs, self.backend.grammars)
         return {seq.uid: choice for seq, choice in zip(seqs, picked)}
 
     def release(self, seq: SequenceState) -> None:
@@ -357,7 +361,8 @@ class PagedRunner:
                 rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
                 seqs += [group[i].seq for i in keep]
         if seqs:
-            picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs)
+            picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs,
+                                   self.backend.grammars)
             out.update((seq.uid, choice) for seq, choice in zip(seqs, picked))
         return out
 

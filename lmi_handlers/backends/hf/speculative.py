@@ -314,7 +314,8 @@ class Speculator:
         wanted = []
         for chunk in decode:
             seq = chunk.seq
-            if seq.request.sampling.repetition_penalty != 1.0:
+            # A penalized or constrained row (its grammar would have to vet every guess) samples as usual.
+            if seq.request.sampling.repetition_penalty != 1.0 or seq.request.constraint is not None:
                 continue
             if seq.speculation is None:
                 seq.speculation = (0, 0)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...errors import InvalidRequest
+from ...structured.tools import ToolCalling, with_tool_prompt
 
 
 class HFTokenizer:
@@ -31,15 +32,23 @@ class HFTokenizer:
             return self._rust_decode(list(ids), skip_special_tokens=True)
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
-    def render_chat(self, messages: Sequence[tuple[str, str]]) -> str:
-        if not getattr(self.hf, "chat_template", None):
+    def render_chat(self, messages: Sequence[tuple[str, str]], tools: ToolCalling | None = None) -> str:
+        template = getattr(self.hf, "chat_template", None)
+        if not template:
             raise InvalidRequest("messages: this model's tokenizer has no chat template; send the LMI schema "
                                  '({"inputs": ...}) instead', field="messages")
-        return self.hf.apply_chat_template([{"role": r, "content": c} for r, c in messages],
-                                           tokenize=False, add_generation_prompt=True)
+        turns = [{"role": r, "content": c} for r, c in messages]
+        extra = {}
+        if tools is not None and tools.active:
+            # A template that renders tools gets them; for one that does not, they go in the system message.
+            if "tools" in template:
+                extra["tools"] = tools.templated()
+            else:
+                turns = with_tool_prompt(turns, tools)
+        return self.hf.apply_chat_template(turns, tokenize=False, add_generation_prompt=True, **extra)
 
-    def encode_chat(self, messages: Sequence[tuple[str, str]]) -> list[int]:
-        return list(self.hf(self.render_chat(messages), add_special_tokens=False)["input_ids"])
+    def encode_chat(self, messages: Sequence[tuple[str, str]], tools: ToolCalling | None = None) -> list[int]:
+        return list(self.hf(self.render_chat(messages, tools), add_special_tokens=False)["input_ids"])
 
 
 def _plain_fast_decode(tokenizer: Any) -> Any:

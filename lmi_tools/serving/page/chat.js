@@ -85,8 +85,14 @@ function renderMessage(message) {
   view.className = `message ${message.error ? "error" : message.role}`;
   const body = document.createElement("div");
   body.className = "content";
-  if (message.role === "assistant") body.innerHTML = renderMarkdown(message.content);
+  if (message.role === "assistant") body.innerHTML = renderMarkdown(message.content || "");
   else body.textContent = message.content;
+  for (const call of message.tool_calls || []) {  // a tool call is shown as one, not as text
+    const block = document.createElement("div");
+    block.className = "tool-call";
+    block.textContent = `tool call: ${call.function.name}(${call.function.arguments})`;
+    body.append(block);
+  }
   if (message.error) body.textContent = message.content ? `${message.content}\n\n${message.error}` : message.error;
   const stats = document.createElement("div");
   stats.className = "stats";
@@ -167,16 +173,42 @@ async function* sseData(response) {
   }
 }
 
+function turn(message) {
+  if (!message.tool_calls) return { role: message.role, content: message.content };
+  return { role: message.role, content: message.content || null, tool_calls: message.tool_calls };
+}
+
 function requestBody(model) {
   const stop = $("stop").value.split("\n").filter((s) => s);
   const body = {
     model, stream: true, stream_options: { include_usage: true },
-    messages: current.messages.filter((m) => !m.error && m.content).map((m) => ({ role: m.role, content: m.content })),
+    messages: current.messages.filter((m) => !m.error && (m.content || m.tool_calls)).map(turn),
     max_tokens: Number($("max-tokens").value), temperature: Number($("temperature").value),
     top_p: Number($("top-p").value),
   };
   if (stop.length) body.stop = stop;
+  if ($("json-mode").checked) body.response_format = { type: "json_object" };
+  const tools = $("tools").value.trim();
+  if (tools) {
+    try {
+      body.tools = JSON.parse(tools);
+    } catch (error) {
+      throw new Error(`Tools: not valid JSON (${error.message})`);
+    }
+    body.tool_choice = $("tool-choice").value;
+  }
   return body;
+}
+
+function addToolCallDeltas(answer, deltas) {
+  // OpenAI's stream: a call's id and name come first, its arguments in pieces after, all by index.
+  answer.tool_calls = answer.tool_calls || [];
+  for (const delta of deltas) {
+    const call = answer.tool_calls[delta.index] ||
+      (answer.tool_calls[delta.index] = { id: delta.id, type: "function", function: { name: "", arguments: "" } });
+    if (delta.function && delta.function.name) call.function.name += delta.function.name;
+    if (delta.function && delta.function.arguments) call.function.arguments += delta.function.arguments;
+  }
 }
 
 function setBusy(busy) {
@@ -188,11 +220,17 @@ async function send(text) {
   const model = $("model").value;
   current.messages.push({ role: "user", content: text });
   if (current.title === "New chat") current.title = text.slice(0, 40);
-  const body = requestBody(model);
+  let body;
+  try {
+    body = requestBody(model);
+  } catch (error) {
+    current.messages.push({ role: "assistant", content: "", error: error.message });
+    renderAll();
+    return;
+  }
   const answer = { role: "assistant", content: "", model };
   current.messages.push(answer);
   renderAll();
-  const view = $("messages").lastElementChild;
   controller = new AbortController();
   setBusy(true);
   const began = performance.now();
@@ -211,12 +249,19 @@ async function send(text) {
     for await (const data of sseData(response)) {
       if (data.error) throw new Error(data.error.message || String(data.error));
       if (data.usage) usage = data.usage;
-      const delta = data.choices && data.choices[0] && data.choices[0].delta.content;
+      const change = data.choices && data.choices[0] && data.choices[0].delta;
+      if (change && change.tool_calls) {
+        if (first === null) first = performance.now();
+        addToolCallDeltas(answer, change.tool_calls);
+        $("messages").lastElementChild.replaceWith(renderMessage(answer));
+        continue;
+      }
+      const delta = change && change.content;
       if (!delta) continue;
       if (first === null) first = performance.now();
       pieces += 1;
       answer.content += delta;
-      view.querySelector(".content").innerHTML = renderMarkdown(answer.content);
+      $("messages").lastElementChild.querySelector(".content").innerHTML = renderMarkdown(answer.content);
       $("messages").scrollTop = $("messages").scrollHeight;
     }
   } catch (error) {

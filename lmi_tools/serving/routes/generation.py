@@ -14,7 +14,8 @@ from typing import Any, AsyncIterator, Callable, Mapping
 
 from fastapi import Request
 
-from lmi_handlers.errors import Cancelled
+from lmi_handlers.errors import Cancelled, InvalidRequest
+from lmi_handlers.structured.constraint import Constraint, to_guided
 
 from ...answers.messages import error_parts
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
@@ -57,6 +58,16 @@ Item = Token | Result | Failure
 def drop_nulls(values: Mapping[str, Any]) -> dict[str, Any]:
     """Clients send every parameter, unset ones as null: null means "the default"."""
     return {k: v for k, v in values.items() if v is not None}
+
+
+def guided_parameters(parse: Callable[[Any], Constraint | None], value: Any) -> dict[str, Any]:
+    """LMI's ``guided_*`` parameters for a route's own constraint field (OpenAI's ``response_format``, TGI's
+    ``grammar``), checked here so that a 400 names the field the client sent."""
+    try:
+        constraint = parse(value)
+    except InvalidRequest as exc:
+        raise HttpError(400, "BadRequestException", str(exc)) from None
+    return to_guided(constraint) if constraint is not None else {}
 
 
 def refuse_unsupported(values: Mapping[str, Any], neutral: Mapping[str, tuple]) -> None:

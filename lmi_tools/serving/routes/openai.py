@@ -21,10 +21,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_handlers.errors import Cancelled, InvalidRequest
 from lmi_handlers.schemas import GenerationRequest, SamplingParams, StoppingParams, checked, rule_of
+from lmi_handlers.structured.constraint import from_response_format
 
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
-from .generation import Failure, Result, Token, drop_nulls, error_message, generate, refuse_unsupported
+from .generation import (Failure, Result, Token, drop_nulls, error_message, generate, guided_parameters,
+                         refuse_unsupported)
 from .relay import (NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, named, not_loaded, read_body, started,
                     submit)
 
@@ -33,7 +35,7 @@ PREFIX = "/v1/"
 
 COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "stop", "stream", "stream_options",
                      "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
-                     "suffix", "logit_bias",
+                     "suffix", "logit_bias", "response_format",
                      # vLLM's extensions, which benchmark clients send (the chat schema takes them too)
                      "top_k", "repetition_penalty", "ignore_eos")
 NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
@@ -126,7 +128,7 @@ async def completions(request: Request, store: Store) -> Response:
                                                     "string or a non-empty list of strings (token ids are not "
                                                     "supported)")
     stream = flag(body, "stream")
-    parameters = _parameters(body)
+    parameters = {**_parameters(body), **guided_parameters(from_response_format, body.get("response_format"))}
     adapter = _adapter(model, body.get("model"))
     lmi = {"inputs": prompt, "parameters": parameters, "stream": stream,
            **({"adapters": adapter} if adapter is not None else {})}

@@ -16,8 +16,9 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_handlers.schemas import MAX_STOP_SEQUENCES
+from lmi_handlers.structured.constraint import from_tgi_grammar
 
-from .generation import Failure, Result, Token, drop_nulls, generate, refuse_unsupported
+from .generation import Failure, Result, Token, drop_nulls, generate, guided_parameters, refuse_unsupported
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, chosen, flag, json_object, read_body
 
 router = APIRouter(tags=["tgi"])
@@ -25,7 +26,7 @@ PATHS = ("/generate", "/generate_stream", "/info", "/")
 
 #: TGI parameters this server has no use for, and the values that mean "off".
 NEUTRAL = {"best_of": (1,), "decoder_input_details": (False,), "watermark": (False,), "top_n_tokens": (0,),
-           "typical_p": (1, 1.0), "frequency_penalty": (0, 0.0), "truncate": (), "grammar": ()}
+           "typical_p": (1, 1.0), "frequency_penalty": (0, 0.0), "truncate": ()}
 
 
 def error(code: int, message: str) -> JSONResponse:
@@ -66,8 +67,9 @@ async def _answer(request: Request, store: Store, stream: bool | None, listed: b
     refuse_unsupported(params, NEUTRAL)
     details = bool(params.get("details", False))
     adapter = params.pop("adapter_id", None)  # a LoRA adapter registered on the model: DJL's "adapters" field
+    constraint = guided_parameters(from_tgi_grammar, params.pop("grammar", None))  # TGI's name, LMI's parameters
     lmi = {"inputs": body["inputs"], "stream": stream,
-           "parameters": {**{k: v for k, v in params.items() if k not in NEUTRAL}, "details": True},
+           "parameters": {**{k: v for k, v in params.items() if k not in NEUTRAL}, **constraint, "details": True},
            **({"adapters": adapter} if adapter is not None else {})}
     items = await generate(request, store, model, lmi, stream)
     if stream:

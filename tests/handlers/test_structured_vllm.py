@@ -1,0 +1,35 @@
+"""The constraint as vLLM's structured-output parameters: runs where vLLM imports (the vLLM environment)."""
+
+import pytest
+
+from lmi_handlers.structured.constraint import Constraint
+from lmi_handlers.structured.tools import parse_tools
+from lmi_handlers.structured.vllm import structured_outputs, structured_outputs_params
+
+vllm_sampling = pytest.importorskip("vllm.sampling_params")
+
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+
+
+@pytest.mark.parametrize("constraint, fields", [
+    (Constraint("json", '{"type":"object","properties":{"n":{"type":"integer"}},"required":["n"]}', "f"),
+     {"json": SCHEMA, "disable_any_whitespace": True}),
+    (Constraint("json", '{"type":"object"}', "f", whitespace=r"[ ]?"),
+     {"json": {"type": "object"}, "whitespace_pattern": "[ ]?", "disable_any_whitespace": False}),
+    (Constraint("json", '{"type":"object"}', "f", any_object=True), {"json_object": True}),
+    (Constraint("regex", "[0-9]{3}", "f"), {"regex": "[0-9]{3}"}),
+    (Constraint("choice", '["yes","no"]', "f"), {"choice": ["yes", "no"]}),
+])
+def test_each_constraint_becomes_the_structured_outputs_vllm_samples_with(constraint, fields):
+    params = structured_outputs_params(constraint)
+    assert isinstance(params, vllm_sampling.StructuredOutputsParams)
+    assert {name: getattr(params, name) for name in fields} == fields
+    sampling = vllm_sampling.SamplingParams(max_tokens=8, structured_outputs=params)
+    assert sampling.structured_outputs is params
+
+
+def test_a_forced_tool_call_reaches_vllm_as_the_function_parameters():
+    tools = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": SCHEMA}}],
+                         "tool_choice": {"type": "function", "function": {"name": "f"}}})
+    assert structured_outputs(tools.constraint()) == {"json": SCHEMA, "disable_any_whitespace": True}
+    assert structured_outputs(None) is None and structured_outputs_params(None) is None
