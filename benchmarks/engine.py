@@ -360,8 +360,7 @@ def widths(args: argparse.Namespace) -> None:
               for kind in ("torch", "onednn", "compiled")}
     onednn_linear.prepack_linears(torch, torch.nn.Sequential(*layers["onednn"]))
     compiled_linear.compile_linears(torch, kernel, torch.nn.Sequential(*layers["compiled"]))
-    print(f"
-SmolLM2 decoder layer's seven products, ms (median of {args.trials}); the backend's WIDE_ROWS is "
+    print(f"\nSmolLM2 decoder layer's seven products, ms (median of {args.trials}); the backend's WIDE_ROWS is "
           f"{WIDE_ROWS}\n| rows | torch | oneDNN | compiled | fastest |\n|---|---|---|---|---|")
     with torch.inference_mode():
         for rows in (1, 16, 32, 64, 96, 128, 192, 256, 512):

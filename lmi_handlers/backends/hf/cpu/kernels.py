@@ -44,7 +44,8 @@ from ....config import ConfigError, parse_choice
 logger = logging.getLogger(__name__)
 
 AUTO = "auto"
-OPTIONS = {"cpu_linear_kernel": (AUTO, "stock", "onednn", "compiled"), "cpu_attention_kernel": (AUTO, "torch", "compiled")}
+OPTIONS = {"cpu_linear_kernel": (AUTO, "stock", "onednn", "compiled"),
+           "cpu_attention_kernel": (AUTO, "torch", "compiled")}
 STOCK = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
 # From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
 # the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and past this
