@@ -363,7 +363,7 @@ def widths(args: argparse.Namespace) -> None:
     print(f"\nSmolLM2 decoder layer's seven products, ms (median of {args.trials}); the backend's WIDE_ROWS is "
           f"{WIDE_ROWS}\n| rows | torch | oneDNN | compiled | fastest |\n|---|---|---|---|---|")
     with torch.inference_mode():
-        for rows in (1, 16, 32, 64, 96, 128, 192, 256, 512):
+        for rows in args.rows:
             inputs = {n_in: torch.randn(rows, n_in) for _, n_in in SMOLLM2_LAYER}
             repeat = max(3, 2048 // rows)
             times = {kind: [] for kind in layers}
@@ -502,6 +502,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--rows", type=lambda text: [int(r) for r in text.split(",")],
+                        default=[1, 16, 32, 64, 96, 128, 192, 256, 384, 512], help="widths: the row counts")
     args = parser.parse_args()
     torch.set_num_threads(max(1, args.threads))
     for name in every if args.what == "all" else (args.what,):

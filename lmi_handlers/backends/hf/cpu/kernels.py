@@ -50,7 +50,7 @@ STOCK = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
 # From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
 # the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and past this
 # width torch's product is the faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
-WIDE_ROWS = 128
+WIDE_ROWS = 320
 # The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.
 CAPABILITY_FLAGS = {
     "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
