@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -57,9 +58,11 @@ def model_dir(spec: str) -> Path:
 
 
 def load(path: Path, **options: object) -> Handler:
+    """The handler on ``path``; the stock CPU path unless ``options`` name kernels: the baselines here are the stock
+    model, and the kernels' own comparisons (``linear``, ``kernels``, ``widths``) name theirs."""
     handler = Handler()
     props = {"model_id": str(path.resolve()), "model_dir": tempfile.mkdtemp(), "rolling_batch": "scheduler",
-             **{k: str(v) for k, v in options.items()}}
+             "cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch", **{k: str(v) for k, v in options.items()}}
     assert handler.handle(init_input(props)) is None, "the model did not load"
     return handler
 
@@ -505,6 +508,7 @@ def main() -> None:
     parser.add_argument("--rows", type=lambda text: [int(r) for r in text.split(",")],
                         default=[1, 16, 32, 64, 96, 128, 192, 256, 384, 512], help="widths: the row counts")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(max(1, args.threads))  # so the handler leaves torch's threads as set here
     torch.set_num_threads(max(1, args.threads))
     for name in every if args.what == "all" else (args.what,):
         globals()[name](args)
