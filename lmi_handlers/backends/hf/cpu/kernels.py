@@ -48,8 +48,8 @@ OPTIONS = {"cpu_linear_kernel": (AUTO, "stock", "onednn", "compiled"),
            "cpu_attention_kernel": (AUTO, "torch", "compiled")}
 STOCK = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
 # From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
-# the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and past this
-# width torch's product is the faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
+# the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and from this
+# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
 WIDE_ROWS = 320
 # The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.
 CAPABILITY_FLAGS = {
@@ -107,33 +107,44 @@ def choose(torch: Any, kernels: CpuKernels, float32_cpu: bool, quantized: bool) 
 
 
 def _choose(torch: Any, kernels: CpuKernels, float32_cpu: bool, quantized: bool) -> Chosen:
-    from . import compiled_linear, decode_attention
-
     reasons: list[str] = []
-    linear, linear_kernel = kernels.linear, None
-    if linear == AUTO:
-        if not float32_cpu or quantized:
-            linear = "stock"
-            reasons.append("linear stock: " + ("the weights are quantized" if quantized else "not float32 on the CPU"))
-        else:
-            linear_kernel = _built(torch, compiled_linear, reasons)
-            linear = "compiled" if linear_kernel is not None else "onednn" if torch.backends.mkldnn.is_available() \
-                else "stock"
-            if linear_kernel is None:
-                reasons.append(f"linear {linear}" + ("" if linear == "onednn" else ": this torch has no oneDNN"))
-    elif linear == "compiled":
-        linear_kernel = compiled_linear.build_kernel(torch)
-    attention, attention_kernel = kernels.attention, None
-    if attention == AUTO:
-        if not float32_cpu:
-            attention = "torch"
-            reasons.append("attention torch: not float32 on the CPU")
-        else:
-            attention_kernel = _built(torch, decode_attention, reasons)
-            attention = "compiled" if attention_kernel is not None else "torch"
-    elif attention == "compiled":
-        attention_kernel = decode_attention.build_kernel(torch)
+    linear, linear_kernel = _choose_linear(torch, kernels.linear, float32_cpu, quantized, reasons)
+    attention, attention_kernel = _choose_attention(torch, kernels.attention, float32_cpu, reasons)
     return Chosen(linear, attention, linear_kernel, attention_kernel, tuple(reasons))
+
+
+def _choose_linear(torch: Any, value: str, float32_cpu: bool, quantized: bool, reasons: list[str]) -> tuple[str, Any]:
+    from . import compiled_linear
+
+    if value == "compiled":
+        return value, compiled_linear.build_kernel(torch)
+    if value != AUTO:
+        return value, None
+    if not float32_cpu or quantized:
+        reasons.append("linear stock: " + ("the weights are quantized" if quantized else "not float32 on the CPU"))
+        return "stock", None
+    kernel = _built(torch, compiled_linear, reasons)
+    if kernel is not None:
+        return "compiled", kernel
+    if torch.backends.mkldnn.is_available():
+        reasons.append("linear onednn")
+        return "onednn", None
+    reasons.append("linear stock: this torch has no oneDNN")
+    return "stock", None
+
+
+def _choose_attention(torch: Any, value: str, float32_cpu: bool, reasons: list[str]) -> tuple[str, Any]:
+    from . import decode_attention
+
+    if value == "compiled":
+        return value, decode_attention.build_kernel(torch)
+    if value != AUTO:
+        return value, None
+    if not float32_cpu:
+        reasons.append("attention torch: not float32 on the CPU")
+        return "torch", None
+    kernel = _built(torch, decode_attention, reasons)
+    return ("compiled", kernel) if kernel is not None else ("torch", None)
 
 
 def _built(torch: Any, module: Any, reasons: list[str]) -> Any:
