@@ -4,10 +4,10 @@ torch's CPU build multiplies float32 linear layers with MKL. oneDNN, which torch
 torch's inductor and vLLM's CPU build use for the same products), runs them from weights reordered once
 into its blocked layout; on some CPUs that is much faster for decode's few rows (``benchmarks/engine.py linear``;
 figures in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk) a layer
-runs torch's own product on the stock weights instead, the faster there. The sums are taken in another order, so
-logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not on the
-stock one; ``stock`` is the choice where greedy output must equal the stock model's bit for bit. ``auto`` (the
-default) takes it where the compiled kernel cannot run (``kernels.choose``).
+runs torch's own product on the stock weights instead, as fast or faster there. The sums are taken in another
+order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not
+on the stock one; ``stock`` is the choice where greedy output must equal the stock model's bit for bit. ``auto``
+(the default) takes oneDNN where the compiled kernel cannot run (``kernels.choose``).
 
 The prepacked weights are a second copy of the linear weights (the stock ones stay: tied embeddings and
 the load checks read them). torch is passed in by the backend; nothing here runs at import time.
@@ -40,7 +40,7 @@ def _prepacked_forward(torch: Any, layer: Any) -> Any:
     linear, product = torch.ops.mkldnn._linear_pointwise, torch.nn.functional.linear
 
     def forward(hidden: Any) -> Any:
-        if hidden.numel() >= WIDE_ROWS * hidden.shape[-1]:  # a prefill's rows: torch's product is the faster there
+        if hidden.numel() >= WIDE_ROWS * hidden.shape[-1]:  # a prefill's rows: torch's product, as fast or faster
             return product(hidden, weight, bias)
         out = linear(hidden.reshape(-1, hidden.shape[-1]), packed, bias, "none", [], "")
         return out.view(*hidden.shape[:-1], out.shape[-1])
