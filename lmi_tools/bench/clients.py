@@ -1,8 +1,8 @@
 """Executors: send one request, time every token, return its ``RequestRecord``.
 
-* ``HttpClient``: aiohttp on the asyncio loop, chosen by measurement (benchmarks/http_clients.py,
-  docs/benchmarking.md): on this project's 2-core machine aiohttp sustained 3,000-8,000 streamed requests/s
-  against a trivial endpoint where httpx's async client managed 120-600; uvloop made no consistent difference.
+* ``HttpClient``: aiohttp on the asyncio loop, chosen by measurement (benchmarks/http_clients.py; the figures are
+  in docs/benchmarking.md): it sustained many times the streamed requests/s of httpx's async client against a
+  trivial endpoint; uvloop made no consistent difference.
 * ``SageMakerClient``: boto3's ``invoke_endpoint_with_response_stream`` (or ``invoke_endpoint``), one thread per
   concurrent client (boto3 is synchronous), so SigV4 signing, retries and event-stream parsing are the SDK's.
 

@@ -67,3 +67,139 @@ def test_the_avx2_and_plain_builds_pass_the_float64_tests_too(capability):
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-2000:]
     passed = re.search(r"(\d+) passed", run.stdout)
     assert passed and int(passed.group(1)) >= 11 and "skipped" not in run.stdout, run.stdout[-2000:]
+
+
+def load(tiny_model_dir, tmp_path, **options):
+    from lmi_handlers.handler import Handler
+    from lmi_tools.serving.worker.frontend import init_input
+
+    handler = Handler()
+    assert handler.handle(init_input({"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **options})) is None
+    return handler
+
+
+@pytest.fixture
+def fresh_choice(monkeypatch):
+    """Forget the choices this process logged, so this test sees its own line."""
+    from lmi_handlers.backends.hf.cpu import kernels
+
+    monkeypatch.setattr(kernels, "_logged", set())
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: auto takes oneDNN, tested below")
+def test_auto_is_the_default_and_takes_both_compiled_kernels_where_they_build(tiny_model_dir, tmp_path, fresh_choice,
+                                                                              caplog):
+    caplog.set_level("INFO", logger="lmi_handlers")
+    handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler")
+    backend = handler.backend
+    assert backend.decode_kernel is not None
+    layer = next(m for m in backend.model.modules() if type(m).__name__ == "Linear")
+    assert "compiled_forward" in layer.forward.__qualname__
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU kernels:")]
+    assert "linear layers compiled, decode attention compiled" in line and "built and checked" in line
+    load(tiny_model_dir, tmp_path / "again", rolling_batch="scheduler")  # a second load in the process: not again
+    assert sum(r.getMessage().startswith("CPU kernels:") for r in caplog.records) == 1
+
+
+def test_under_auto_a_failed_build_falls_back_saying_why_and_the_model_loads(tiny_model_dir, tmp_path, monkeypatch,
+                                                                            fresh_choice, caplog):
+    import torch
+    import torch.utils.cpp_extension
+
+    def no_ninja(*args, **kwargs):
+        raise RuntimeError("Ninja is required to load C++ extensions")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", no_ninja)
+    caplog.set_level("INFO", logger="lmi_handlers")
+    handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler")
+    assert handler.backend.decode_kernel is None
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU kernels:")]
+    want = "onednn" if torch.backends.mkldnn.is_available() else "stock"
+    assert f"linear layers {want}, decode attention torch" in line and line.count("Ninja is required") == 2, line
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("cpu_linear_kernel=auto" in w and "Ninja is required" in w for w in warnings), warnings
+
+
+def test_under_auto_a_kernel_failing_its_load_check_is_not_used(tiny_model_dir, tmp_path, monkeypatch, fresh_choice,
+                                                               caplog):
+    from lmi_handlers.backends.hf.cpu import decode_attention
+
+    monkeypatch.setattr(decode_attention, "load_check", lambda torch, kernel: "a row of 5 positions: error 1e-2")
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler: nothing builds to check")
+    caplog.set_level("INFO", logger="lmi_handlers")
+    handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler")
+    assert handler.backend.decode_kernel is None
+    [line] = [r.getMessage() for r in caplog.records if r.getMessage().startswith("CPU kernels:")]
+    assert "decode attention torch" in line and "load check failed (a row of 5 positions" in line
+
+
+def test_auto_is_the_stock_path_off_float32_without_building_anything(monkeypatch, fresh_choice):
+    import torch
+    import torch.utils.cpp_extension
+
+    from lmi_handlers.backends.hf.cpu.kernels import CpuKernels, check_target, choose
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda *a, **k: pytest.fail("built"))
+    check_target(CpuKernels(), "cuda", "fp16")  # auto is never refused
+    chosen = choose(torch, CpuKernels(), float32_cpu=False, quantized=False)
+    assert (chosen.linear, chosen.attention) == ("stock", "torch") and "not float32 on the CPU" in chosen.reasons[0]
+    assert choose(torch, CpuKernels(attention="torch"), float32_cpu=True, quantized=True).linear == "stock"
+
+
+def test_the_options_default_to_auto_and_take_it_by_name():
+    from lmi_handlers.backends.hf.cpu.kernels import CpuKernels, parse_kernels
+
+    assert parse_kernels({}) == CpuKernels("auto", "auto")
+    assert parse_kernels({"cpu_linear_kernel": "AUTO", "cpu_attention_kernel": "torch"}) == CpuKernels("auto", "torch")
+
+
+def test_builds_are_kept_per_environment_and_torch_version(monkeypatch):
+    import torch
+
+    from lmi_handlers.backends.hf.cpu.kernels import environment_key
+
+    here = environment_key(torch)
+    monkeypatch.setattr(sys, "prefix", "/elsewhere/.venv-compat")
+    assert environment_key(torch) != here
+    monkeypatch.setattr(torch, "__version__", "2.0.0")
+    assert len({here, environment_key(torch)}) == 2
+
+
+@pytest.mark.parametrize("env, cpus, want", [({"OMP_NUM_THREADS": "3"}, 8, None), ({}, 2, 1), ({}, 1, 1), ({}, 8, 7)])
+def test_torch_threads_leave_one_cpu_to_the_server_unless_omp_num_threads_says(monkeypatch, env, cpus, want):
+    from lmi_handlers.backends.hf.cpu import kernels
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    assert kernels.default_threads() == want
+
+
+@pytest.mark.parametrize("kind", ["onednn", "compiled"])
+def test_wide_rows_go_through_torchs_product_on_the_stock_weights(kind):
+    import torch
+
+    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+
+    if kind == "compiled":
+        if shutil.which("c++") is None:
+            pytest.skip("no C++ compiler")
+        from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel, compile_linears
+
+        route = lambda model: compile_linears(torch, build_kernel(torch), model)  # noqa: E731
+    else:
+        if not torch.backends.mkldnn.is_available():
+            pytest.skip("no oneDNN in this torch")
+        from lmi_handlers.backends.hf.cpu.onednn_linear import prepack_linears
+
+        route = lambda model: prepack_linears(torch, model)  # noqa: E731
+    layer = torch.nn.Linear(40, 24)
+    model = torch.nn.Sequential(layer)
+    route(model)
+    with torch.inference_mode():
+        wide = torch.randn(2, WIDE_ROWS // 2, 40)  # a prefill's rows, whatever the leading shape
+        assert torch.equal(model(wide), torch.nn.functional.linear(wide, layer.weight, layer.bias))
+        narrow = wide[:1, :WIDE_ROWS - 1]  # decode's few rows: the prepacked kernel, the same product to rounding
+        assert torch.allclose(model(narrow), torch.nn.functional.linear(narrow, layer.weight, layer.bias), atol=1e-5)

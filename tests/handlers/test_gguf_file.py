@@ -10,6 +10,8 @@ import pytest
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import init_input, request_input
 
+from .test_hf_backend import STOCK_KERNELS
+
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("gguf", reason="reading GGUF needs the gguf package (the main environment has it)")
@@ -34,7 +36,7 @@ def gguf_dir(tmp_path_factory):
 
 def load(folder, name, **options):
     handler = Handler()
-    props = {"model_id": str(folder), "model_dir": str(folder), "gguf_file": name, **options}
+    props = {"model_id": str(folder), "model_dir": str(folder), "gguf_file": name, **STOCK_KERNELS, **options}
     assert handler.handle(init_input(props)) is None
     return handler
 

@@ -357,7 +357,16 @@ def test_an_unknown_cpu_linear_kernel_is_an_error_naming_what_is_allowed(tmp_pat
     report = validate_model_dir(make_dir(tmp_path, {**gpu, "option.cpu_linear_kernel": "mkl"}, "g5.xlarge",
                                          LLAMA_2_13B))
     [error] = [f for f in report.errors if f.check == "hf"]
-    assert "option.cpu_linear_kernel='mkl' is invalid" in error.message and "stock, onednn, compiled" in error.message
+    assert "option.cpu_linear_kernel='mkl' is invalid" in error.message
+    assert "auto, stock, onednn, compiled" in error.message
+
+
+@pytest.mark.parametrize("options", [{"option.dtype": "fp16"}, {"option.device": "cpu"}, {}])
+def test_auto_cpu_kernels_are_valid_anywhere_they_are_the_stock_path_off_float32_cpu(tmp_path, options):
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": "hf",
+             "option.cpu_linear_kernel": "auto", "option.cpu_attention_kernel": "auto", **options}
+    report = validate_model_dir(make_dir(tmp_path, props, "g5.xlarge", LLAMA_2_13B))
+    assert not [f for f in report.errors if "kernel" in f.message], report.errors
 
 
 @pytest.mark.parametrize("kernel", [("cpu_linear_kernel", "onednn"), ("cpu_linear_kernel", "compiled"),

@@ -30,11 +30,10 @@ from typing import Any, Sequence
 from ...config import ConfigError, HandlerConfig
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
-from .cpu.compiled_linear import build_kernel as build_linear_kernel
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import check_target
+from .cpu.kernels import check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
-from .cpu.decode_attention import build_kernel, decode_reader
+from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
 from .lora import LoraRows, load_lora
 from .output_projection import SLICE, split_output_projection
@@ -110,6 +109,10 @@ class HFBackend:
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
+            if threads := default_threads():
+                torch.set_num_threads(threads)
+            logger.info("torch threads: %d (%s)", torch.get_num_threads(),
+                        "one CPU left to the server's own threads" if threads else "OMP_NUM_THREADS")
         options = HfOptions.from_properties(config.properties)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
@@ -119,8 +122,9 @@ class HFBackend:
         kernels = options.kernels
         check_target(kernels, device, config.dtype)
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
-        self.decode_kernel = build_kernel(torch) if kernels.attention == "compiled" else None
-        linear_kernel = build_linear_kernel(torch) if kernels.linear == "compiled" else None
+        chosen = choose(torch, kernels, float32_cpu=device == "cpu" and dtype == torch.float32,
+                        quantized=options.quantize is not None)
+        self.decode_kernel = chosen.attention_kernel
         speculative = options.speculative
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
@@ -138,10 +142,11 @@ class HFBackend:
         if not multi_gpu:
             model.to(device)
         self.quantized = self._quantize(model, options.quantize)
-        if kernels.linear == "onednn":
+        if chosen.linear == "onednn":
             logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))
-        elif linear_kernel is not None:
-            logger.info("linear layers: %d through the compiled kernel", compile_linears(torch, linear_kernel, model))
+        elif chosen.linear == "compiled":
+            logger.info("linear layers: %d through the compiled kernel", compile_linears(torch, chosen.linear_kernel,
+                                                                                       model))
         elif split_output_projection(torch, model):
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model
@@ -157,8 +162,11 @@ class HFBackend:
         self.cache_keyword = cache_keyword(model)
         self.runner = self._choose_runner()
         if self.decode_kernel is not None and getattr(self.runner, "decode_kernel", None) is None:
-            logger.warning("option.cpu_attention_kernel=compiled has no effect: it serves the packed step, which needs "
-                           "transformers >= 4.48 and a Llama-family model; attention runs on torch's operators")
+            # (under auto it is a choice among others, not a request: no warning)
+            log = logger.warning if kernels.attention == "compiled" else logger.info
+            log("option.cpu_attention_kernel=%s: the compiled kernel has no effect: it serves the packed step, which "
+                "needs transformers >= 4.48 and a Llama-family model; attention runs on torch's operators",
+                kernels.attention)
         self.speculator = self._speculate(config, speculative)
         logger.info("loaded %s on %s (%s), %s runner, up to %d tokens per sequence", config.model_id, self.device,
                     dtype, self.runner.name, self.max_sequence_length)
@@ -421,7 +429,7 @@ class PagedRunner:
         return logits
 
     def _ints(self, values: list[int]) -> Any:
-        # Through array: torch.tensor converts a Python list element by element, 5-7x slower at 32 rows. (Every
+        # Through array: torch.tensor converts a Python list element by element, several times slower. (Every
         # caller has at least one value: frombuffer refuses an empty buffer.)
         ints = self.torch.frombuffer(array("q", values), dtype=self.torch.int64)
         return ints if self.backend.device.type == "cpu" else ints.to(self.backend.device)

@@ -25,9 +25,9 @@ PACKED_ATTENTION = "lmi_packed"
 # per-layer windows), so that a chunk's attention depends on nothing but its query, keys and mask.
 PACKED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
 # On the CPU the decode rows attend in equal groups whose gathered keys and values take about this much, so that
-# the two products read a copy still in cache: SmolLM2 at 64 rows, one thread, a step 3-8% faster with 200-token
-# contexts and about 20% with 600 than all rows at once (groups of half the size: slower again); 16 rows (two groups)
-# within noise; the tiny models' rows fit one group.
+# the two products read a copy still in cache: faster than all rows at once, the more so the longer the contexts,
+# and faster than groups of half the size (docs/optimizations.md, "Measured figures"); the tiny models' rows fit
+# one group.
 DECODE_GATHER_BYTES = 4 << 20
 
 
@@ -60,7 +60,7 @@ def decode_groups(packed: Packed, pool: Any) -> list[tuple[int, int]]:
 def switch_attention(config: Any, name: str) -> str:
     """Make ``name`` the attention implementation of ``config``'s model; returns the one it had. A packed step
     switches twice per forward, so this writes the attribute the property reads: transformers 5's setter,
-    which checks the name and walks sub-configurations, took 8 microseconds a call, 3% of a tiny model's step."""
+    which checks the name and walks sub-configurations, costs a measurable share of a tiny model's step."""
     stock = config._attn_implementation
     if "_attn_implementation_internal" in vars(config):
         vars(config)["_attn_implementation_internal"] = name

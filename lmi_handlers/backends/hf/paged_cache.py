@@ -242,7 +242,7 @@ def _build_cache_class(torch: Any) -> Any:
             keys, values = self.keys[layer_idx], self.values[layer_idx]
             heads, dim = key_states.shape[1], key_states.shape[3]
             # index_copy_/index_select rather than keys[slots]: the general indexing kernel gathers
-            # [rows, positions] slots 3-5x slower on CPU at a batch of 32 (benchmarks/engine.py decode).
+            # [rows, positions] slots several times slower on CPU (benchmarks/engine.py decode).
             keys.index_copy_(1, self._write, key_states.transpose(0, 1).reshape(heads, -1, dim))
             values.index_copy_(1, self._write, value_states.transpose(0, 1).reshape(heads, -1, dim))
             if self._read is None:

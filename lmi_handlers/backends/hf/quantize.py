@@ -5,7 +5,7 @@ every ``nn.Linear`` of the decoder layers and the LM head keeps its weight as in
 channel (symmetric, absmax / 127); the embeddings, norms, the KV cache and everything between the matrices
 keep the model's dtype. A decode step streams a quarter of the fp32 bytes, which is what bounds a CPU decode
 step. The product runs in torch's ``_weight_int8pack_mm`` kernel with bf16 activations (its fast path; fp32
-activations take a path ten times slower than an fp32 matmul, measured), where the device has it, else as a
+activations take a path much slower than an fp32 matmul), where the device has it, else as a
 matmul with the weight cast back on the fly.
 
 With tied embeddings (SmolLM2, Llama-3.2) the LM head becomes an int8 copy beside the full-precision input
@@ -21,8 +21,8 @@ from ...errors import ConfigError
 
 METHODS = ("static_int8",)
 #: From this many rows (prompt tokens of a prefill, or sequences of a decode batch) an int8 layer dequantizes into
-#: a GEMM instead of ``_weight_int8pack_mm``: one thread, a SmolLM2 576 x 1536 matrix, the kernel takes about
-#: the fp32 GEMM's time up to 8 rows and twice it from 16 (docs/optimizations.md).
+#: a GEMM instead of ``_weight_int8pack_mm``: the kernel keeps up with the fp32 GEMM for a few rows only
+#: (docs/optimizations.md).
 GEMM_ROWS = 16
 
 

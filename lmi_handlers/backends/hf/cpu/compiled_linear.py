@@ -1,11 +1,11 @@
 """The hf backend's linear layers through a compiled kernel for few rows (``option.cpu_linear_kernel=compiled``).
 
 A decode step multiplies a few dozen rows by every weight, so on the CPU it is as fast as the weights stream from
-memory. oneDNN's prepacked product (``onednn_linear.py``) streamed SmolLM2's float32 weights at 15-17 GB/s at 16
-rows on this project's AMD EPYC, one thread, where the core reads 30-37 GB/s. The kernel in
-``compiled_linear.cpp`` multiplies weights packed once into panels of one vector's width, read straight through
-with software prefetch, and holds each tile's sums in vector registers: SmolLM2's own decode step, one thread,
-37.1 against 47.0 ms at 16 rows (1.27x), 109.0 against 117.2 ms at 64 (``benchmarks/engine.py linear``).
+memory, and oneDNN's prepacked product (``onednn_linear.py``) streams them well below what a core can read. The
+kernel in ``compiled_linear.cpp`` multiplies weights packed once into panels of one vector's width, read straight
+through with software prefetch, and holds each tile's sums in vector registers (``benchmarks/engine.py linear``;
+the figures are in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk)
+a layer runs torch's own product on the stock weights instead: the panels are laid out for decode's few rows.
 
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock
@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .kernels import build, float32_cpu_linears
+from .kernels import WIDE_ROWS, build, float32_cpu_linears
 from .memory import huge_page_empty
 
 SOURCE = Path(__file__).with_name("compiled_linear.cpp")
@@ -54,8 +54,31 @@ def _compiled_forward(torch: Any, kernel: Any, layer: Any, packed: Any) -> Any:
     if layer.bias is not None:
         bias[:layer.out_features] = layer.bias.detach()
     linear, out = kernel.linear, layer.out_features
+    product, weight = torch.nn.functional.linear, layer.weight.detach()
+    stock_bias = None if layer.bias is None else layer.bias.detach()
 
     def forward(hidden: Any) -> Any:
+        if hidden.numel() >= WIDE_ROWS * hidden.shape[-1]:  # a prefill's rows: torch's product, as fast or faster
+            return product(hidden, weight, stock_bias)
         return linear(hidden.reshape(-1, hidden.shape[-1]), packed, bias, out).view(*hidden.shape[:-1], out)
 
     return forward
+
+
+def load_check(torch: Any, kernel: Any) -> str | None:
+    """None if ``kernel`` multiplies a small layer as the product in float64 does on this CPU, over every row block
+    and a padded last panel; else what differed (``option.cpu_linear_kernel=auto`` then takes the next choice)."""
+    generator = torch.Generator().manual_seed(0)
+    layer = torch.nn.Linear(33, 20)
+    torch.nn.init.normal_(layer.bias, generator=generator)
+    compiled = torch.nn.Sequential(layer)
+    compile_linears(torch, kernel, compiled)
+    with torch.inference_mode():
+        for rows in (*range(1, 18), 64):
+            x = torch.randn(rows, 33, generator=generator)
+            want = x.double() @ layer.weight.double().T + layer.bias.double()
+            scale = x.double().abs() @ layer.weight.double().abs().T + layer.bias.double().abs()
+            error = float(((compiled(x).double() - want).abs() / scale).max())
+            if not error <= 1e-6:
+                return f"{rows} rows: relative error {error:.1e}"
+    return None

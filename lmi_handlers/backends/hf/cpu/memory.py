@@ -4,9 +4,9 @@ weights a decode step streams on 2 MB pages.
 A decode step on the CPU allocates and frees tensors of a few megabytes every step (logits and sampling
 distributions: 16 rows of a 49,152-token vocabulary are 3 MB). By default glibc maps such blocks fresh and
 returns them to the kernel when they are freed, or trims the top of its heap, so every step faults its tensors in
-again page by page. Kept instead: sampling 16 rows at temperature 1 (what a chat request without sampling fields
-asks for) took 2.3 against 4.8 ms a step, 64 rows 10.1 against 26.5 ms (``benchmarks/engine.py sampling``, one
-thread, on this project's AMD EPYC). The numbers computed are the same; the process's resident memory stays at its
+again page by page. Kept instead, sampling (what a chat request without sampling fields asks for) takes about half
+the time a step or less (``benchmarks/engine.py sampling``; figures in docs/optimizations.md, "Measured
+figures"). The numbers computed are the same; the process's resident memory stays at its
 peak rather than shrinking after it.
 
 ``mallopt`` through ctypes (standard library), where the C library has it: glibc. Elsewhere nothing changes.
@@ -14,10 +14,10 @@ peak rather than shrinking after it.
 A decode step also streams every weight from memory: hundreds of megabytes in 4 KB pages, so a TLB miss every
 4 KB. ``huge_page_empty`` maps a buffer fresh and asks Linux to back it with transparent huge pages
 (``MADV_HUGEPAGE``, which THP's default ``madvise`` mode honours) before anything touches it; the compiled linear
-kernel packs its weights into one: SmolLM2's 16-row engine step, one thread, 43 -> 40 ms. Where the system
-has no huge pages the buffer is ordinary memory. Not the KV pool: its blocks are first written while serving, and
-a first write into 2 MB pages zeroes 2 MB, in every layer's keys and values at once (hundreds of megabytes in one
-step: inter-token stalls of 100-300 ms under load), for no measurable gain in attention.
+kernel packs its weights into one, which shortens its decode steps. Where the system has no huge pages the buffer
+is ordinary memory. Not the KV pool: its blocks are first written while serving, and a first write into 2 MB pages
+zeroes 2 MB, in every layer's keys and values at once (hundreds of megabytes in one step: inter-token stalls under
+load), for no gain in attention.
 """
 
 from __future__ import annotations

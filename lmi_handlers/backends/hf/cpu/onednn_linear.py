@@ -2,11 +2,12 @@
 
 torch's CPU build multiplies float32 linear layers with MKL. oneDNN, which torch also ships (and which
 torch's inductor and vLLM's CPU build use for the same products), runs them from weights reordered once
-into its blocked layout; on some CPUs that is much faster. On this project's AMD EPYC (AVX-512) a SmolLM2
-decode step ran 1.5x faster at one row and 2x at 16-64 rows (``benchmarks/engine.py linear``). The sums are
-taken in another order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the
-same prepacked model, not on the stock one. That is why ``stock`` stays the default, where greedy output
-equals the stock model's bit for bit.
+into its blocked layout; on some CPUs that is much faster for decode's few rows (``benchmarks/engine.py linear``;
+figures in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk) a layer
+runs torch's own product on the stock weights instead, as fast or faster there. The sums are taken in another
+order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not
+on the stock one; ``stock`` is the choice where greedy output must equal the stock model's bit for bit. ``auto``
+(the default) takes oneDNN where the compiled kernel cannot run (``kernels.choose``).
 
 The prepacked weights are a second copy of the linear weights (the stock ones stay: tied embeddings and
 the load checks read them). torch is passed in by the backend; nothing here runs at import time.
@@ -17,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import ConfigError
-from .kernels import float32_cpu_linears
+from .kernels import WIDE_ROWS, float32_cpu_linears
 
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
 
@@ -35,10 +36,12 @@ def prepack_linears(torch: Any, model: Any) -> int:
 
 def _prepacked_forward(torch: Any, layer: Any) -> Any:
     packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach(), PACK_ROWS)
-    bias = None if layer.bias is None else layer.bias.detach()
-    linear = torch.ops.mkldnn._linear_pointwise
+    weight, bias = layer.weight.detach(), None if layer.bias is None else layer.bias.detach()
+    linear, product = torch.ops.mkldnn._linear_pointwise, torch.nn.functional.linear
 
     def forward(hidden: Any) -> Any:
+        if hidden.numel() >= WIDE_ROWS * hidden.shape[-1]:  # a prefill's rows: torch's product, as fast or faster
+            return product(hidden, weight, bias)
         out = linear(hidden.reshape(-1, hidden.shape[-1]), packed, bias, "none", [], "")
         return out.view(*hidden.shape[:-1], out.shape[-1])
 
