@@ -43,7 +43,10 @@ class Handler:
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         self.config, self.backend = config, backend
-        self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
+        # A backend that brings its own step loop (vllm) makes the engine; the others run in ours.
+        make_engine = getattr(backend, "make_engine", None)
+        self.engine = make_engine() if make_engine is not None else Engine(
+            backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True
 

@@ -1,4 +1,4 @@
-"""Backends: ``hf`` (transformers), ``neuronx`` (transformers-neuronx on inf2) and ``scripted``.
+"""Backends: ``hf`` (transformers), ``neuronx`` (transformers-neuronx on inf2), ``vllm`` and ``scripted``.
 
 Each module imports its heavy dependencies lazily, so choosing one costs nothing until it loads.
 """
@@ -6,18 +6,28 @@ Each module imports its heavy dependencies lazily, so choosing one costs nothing
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 
 from ..config import HandlerConfig
 from ..errors import ConfigError
+from . import vllm
 from .base import Backend
+
+logger = logging.getLogger(__name__)
 
 
 def choose_backend(config: HandlerConfig) -> str:
     if config.backend != "auto":
         return config.backend
+    unavailable = vllm.available()
+    if unavailable is None:
+        logger.info("backend auto: vllm (vLLM imports and a GPU or NeuronCore is present)")
+        return "vllm"
     # Inside the LMI neuronx image transformers_neuronx is installed; everywhere else it is not.
-    return "neuronx" if importlib.util.find_spec("transformers_neuronx") else "hf"
+    name = "neuronx" if importlib.util.find_spec("transformers_neuronx") else "hf"
+    logger.info("backend auto: %s (not vllm: %s)", name, unavailable)
+    return name
 
 
 def load_backend(config: HandlerConfig) -> Backend:
@@ -28,6 +38,8 @@ def load_backend(config: HandlerConfig) -> Backend:
         return ScriptedBackend(config)
     if not config.properties.get("gguf_file"):  # a GGUF file carries its own config and tokenizer
         _check_model_files(config.model_id)
+    if name == "vllm":
+        return vllm.load(config)
     if name == "neuronx":
         if importlib.util.find_spec("transformers_neuronx") is None:  # fail before any download from the hub
             raise ConfigError("backend", config.backend, "the neuronx backend needs transformers-neuronx, which the "
