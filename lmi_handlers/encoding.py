@@ -157,6 +157,8 @@ class Encoder:
         out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": token.log_prob}
         if token.special:
             out["special_token"] = True
+        if token.top:
+            out["top_logprobs"] = [{"id": i, "text": text, "log_prob": p} for i, text, p in token.top]
         return out
 
     def _details(self, result: GenerationResult, with_tokens: bool) -> dict[str, Any]:
@@ -179,7 +181,8 @@ class Encoder:
     def _logprobs(self, tokens: tuple[Token, ...] | list[Token]) -> dict[str, Any] | None:
         if not self.request.details:
             return None
-        return {"content": [{"token": t.text, "logprob": t.log_prob, "top_logprobs": []} for t in tokens]}
+        return {"content": [{"token": t.text, "logprob": t.log_prob,
+                             "top_logprobs": [{"token": text, "logprob": p} for _, text, p in t.top]} for t in tokens]}
 
     def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
         return {"id": self._chat_id, "object": "chat.completion", "created": self._created,

@@ -83,6 +83,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     accept = item.get_property("Accept")
     seqs, encoders = [], []
     for request in payload.requests:
+        _check_supported(request, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
@@ -94,6 +95,17 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
         fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
     return Job(payload, seqs, encoders)
+
+
+def _check_supported(request: GenerationRequest, backend: Backend) -> None:
+    """Refuse the sampling fields this backend does not honour (``Backend.request_fields``), naming the field as the
+    client wrote it, rather than answer as if it had been applied."""
+    honoured = getattr(backend, "request_fields", frozenset())
+    for name, value in request.sampling.extras().items():
+        if name not in honoured:
+            field = name if request.schema is Schema.CHAT else f"parameters.{name}"
+            raise invalid_field(field, value, f"not supported by the {backend.name} backend (the vllm backend, "
+                                "option.rolling_batch=vllm, supports it); omit it")
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:

@@ -28,12 +28,14 @@ __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "S
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos",
-                  "ignore_eos_token")
+                  "ignore_eos_token", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                "stop", "seed", "stream", "stream_options", "n", "logprobs", "top_logprobs",
-               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user")
+               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user", "min_p",
+               "logit_bias")
 CHAT_ROLES = ("system", "developer", "user", "assistant")
-SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "min_p",
+                   "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
 
 
 def decode_body(body: bytes | bytearray | None, content_type: str | None,
@@ -217,12 +219,6 @@ def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
     n = data.get("n")
     if n is not None and (type(n) is not int or n != 1):
         raise invalid_field("n", n, "only n=1 is supported")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if data.get(name) is not None and (isinstance(data[name], bool) or data[name] != 0):
-            raise invalid_field(name, data[name], "not supported by this model server; omit it or send 0")
-    top_logprobs = data.get("top_logprobs")
-    if top_logprobs is not None and (type(top_logprobs) is not int or top_logprobs != 0):
-        raise invalid_field("top_logprobs", top_logprobs, "not supported; use logprobs=true")
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise invalid_field(name, data[name], "expected a string")

@@ -8,6 +8,12 @@ turns the chosen tokens into events. Backends never format anything.
 A backend with a paged KV pool exposes it as ``kv`` (``paged_cache.BlockManager``: admission by free
 blocks, preemption, prefix reuse) and may take chunks that start mid-prompt (``chunked_prefill``);
 one without (``kv = None``) holds one slot per sequence and always gets whole prompts from 0.
+
+A backend whose engine brings its own scheduler and step loop (vllm) has ``make_engine()``, which returns an
+object with ``engine.Engine``'s surface (``add``, ``cancel``, ``reset``, ``idle``, ``step``, ``run``, ``stats``);
+the handler then runs that instead of our engine, and ``step`` below is never called. A backend that honours
+sampling fields beyond the common ones lists them in ``request_fields`` (``schemas.OFF_VALUES`` names them); the
+others refuse a request that sets one.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from ...events import Event, FinishReason
 from ...sequence import SequenceState
 from ..hf.tokenizer import HFTokenizer
 from .options import KEYS, Options, engine_arg_defaults
-from .sampling import vllm_request
+from .sampling import EXTRA_FIELDS, vllm_request
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
@@ -32,6 +32,7 @@ class VllmBackend:
     name = "vllm"
     kv = None
     chunked_prefill = False
+    request_fields = frozenset(EXTRA_FIELDS)
 
     def __init__(self, config: HandlerConfig):
         from vllm import EngineArgs
@@ -147,10 +148,12 @@ class VllmLoop:
 
     def _append(self, seq: SequenceState, output: Any) -> list[Event]:
         completion = output.outputs[0]
+        top_k = seq.request.sampling.top_logprobs or 0
         events: list[Event] = []
         for i, token_id in enumerate(completion.token_ids):
+            log_prob, top = _log_probs(completion.logprobs, i, token_id, top_k)
             try:
-                events += seq.append(token_id, _log_prob(completion.logprobs, i, token_id))
+                events += seq.append(token_id, log_prob, top)
             except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
                 logger.exception("detokenizing sequence %d failed", seq.uid)
                 events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
@@ -167,11 +170,14 @@ class VllmLoop:
         return events
 
 
-def _log_prob(logprobs: Any, i: int, token_id: int) -> float:
+def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log probability and the ``top_k`` most likely tokens', from vLLM's position ``i``."""
     if not logprobs:
-        return 0.0
-    entry = logprobs[i].get(token_id)
-    return float(entry.logprob) if entry is not None else 0.0
+        return 0.0, []
+    entries = logprobs[i]
+    chosen = entries.get(token_id)
+    ranked = sorted((entry.rank, tid, float(entry.logprob)) for tid, entry in entries.items() if entry.rank <= top_k)
+    return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
 
 
 def _request_error(exc: Exception) -> tuple[int, str]:

@@ -16,7 +16,7 @@ from typing import Any, Collection
 
 from ...sequence import SequenceState
 
-#: Request fields this backend honours beyond the ones every backend does (``schemas.VLLM_ONLY`` names them).
+#: Request fields this backend honours beyond the ones every backend does (``schemas.OFF_VALUES`` names them).
 EXTRA_FIELDS = ("min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
 
 

@@ -1,0 +1,47 @@
+"""The vllm backend for real: ``lmi serve`` with ``option.rolling_batch=vllm`` on vLLM's CPU build.
+
+These tests run only where vLLM imports (``scripts/test.sh`` builds that environment); elsewhere they are skipped.
+Each server loads vLLM once per module, with the small settings below (one GiB of KV cache, eager mode), since a
+vLLM start takes a minute or more on a small CPU host.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
+
+#: The engine arguments of every model these tests serve, and of vLLM's own reference answers.
+ENGINE = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+os.environ.update({key: os.environ.get(key, value) for key, value in ENV.items()})
+#: serving.properties of every model these tests serve (the same engine arguments as the reference).
+PROPERTIES = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.dtype": "fp32",
+              "option.max_model_len": ENGINE["max_model_len"], "option.max_rolling_batch_size": ENGINE["max_num_seqs"],
+              "option.enforce_eager": "true"}
+READY_TIMEOUT = 900
+
+
+@pytest.fixture(scope="session")
+def vllm_properties() -> dict:
+    """serving.properties entries every vllm model directory of these tests starts from."""
+    return dict(PROPERTIES)
+
+
+@pytest.fixture(scope="session")
+def vllm_generate():
+    """``vllm_generate(model_dir, prompts, max_tokens)``: vLLM's own greedy answers (``LLM.generate``), computed in
+    a child process, as ``[{"text", "token_ids"}]``."""
+    return _generate
+
+
+def _generate(model: Path, prompts: list[str], max_tokens: int) -> list[dict]:
+    done = subprocess.run([sys.executable, str(Path(__file__).with_name("reference.py")), str(model),
+                           str(max_tokens), json.dumps(ENGINE)], input=json.dumps(prompts), capture_output=True, text=True,
+                          timeout=READY_TIMEOUT)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
