@@ -27,7 +27,6 @@ LMI_ENGINES = ("lmi-dist", "tnx", "trtllm")
 # DJLServing's Neuron image rewrites option.rolling_batch=auto to "tnx" before the handler sees it
 # (LmiConfigRecommender, v0.29), so "tnx" can only mean "auto" here. The GPU image's rewrite to lmi-dist (with
 # MPI mode) cannot be undone on this side and stays refused; its rewrite to vllm selects the vllm backend.
-BACKENDS = ("auto", "hf", "neuronx", "vllm", "scripted")
 DJL_REWRITES = {"tnx": "auto"}
 DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
           "bf16": "bf16", "bfloat16": "bf16"}
@@ -112,9 +111,8 @@ class HandlerConfig:
     model_dir: str
     #: Local directory (or hub id) of the weights; defaults to the model directory itself.
     model_id: str
-    #: ``hf`` (transformers, CPU/CUDA), ``neuronx`` (transformers-neuronx, inf2), ``vllm`` (vLLM's engine; also
-    #: ``rolling_batch=vllm``), ``scripted`` (no weights; for tests and load tests) or ``auto`` (vllm where it
-    #: imports beside a GPU or NeuronCore, else neuronx when transformers_neuronx imports, else hf).
+    #: A backend of ``backends/registry.py`` (vllm, neuronx, hf, scripted) or ``auto``: the first the registry finds
+    #: available here. ``option.rolling_batch=vllm`` selects vllm.
     backend: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -190,13 +188,20 @@ class HandlerConfig:
 
 def _backend(props: Mapping[str, Any]) -> str:
     """``option.backend``; ``option.rolling_batch=vllm`` selects vllm, and contradicts any other backend."""
-    backend = parse_choice(props, "backend", "auto", BACKENDS)
+    backend = parse_choice(props, "backend", "auto", backend_names())
     if _text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":
         return backend
     if backend != "auto":
         raise ConfigError("backend", props["backend"], "option.rolling_batch=vllm runs vLLM's engine: set "
                           "option.backend=vllm (or auto), or option.rolling_batch=auto for this backend")
     return "vllm"
+
+
+def backend_names() -> tuple[str, ...]:
+    """What ``option.backend`` allows: ``auto`` and every backend of the registry."""
+    from .backends.registry import NAMES  # the registry reads this module: imported when first asked
+
+    return NAMES
 
 
 def is_rolling(value: Any) -> bool:
@@ -215,15 +220,6 @@ def _resolve_model_id(model_id: str, model_dir: str) -> str:
     candidate = model_id if os.path.isabs(model_id) else os.path.join(model_dir, model_id)
     return candidate if os.path.isdir(candidate) else model_id
 
-
-# Options of the neuronx backend (the names DJLServing's transformers-neuronx handler uses).
-NEURONX_KEYS = frozenset({
-    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
-    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
-    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
-    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
-    "low_cpu_mem_usage",
-})
 
 HANDLER_KEYS = frozenset({
     "model_id", "backend", "dtype", "device", "max_new_tokens", "output_formatter", "tgi_compat",

@@ -15,7 +15,7 @@ import logging
 from typing import Any, Callable, Iterator
 
 from . import djl
-from .backends import load_backend
+from .backends import BACKENDS, load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
 from .encoding import dumps, error_object, reason_phrase
@@ -43,9 +43,9 @@ class Handler:
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         self.config, self.backend = config, backend
-        # A backend that brings its own step loop (vllm) makes the engine; the others run in ours.
-        make_engine = getattr(backend, "make_engine", None)
-        self.engine = make_engine() if make_engine is not None else Engine(
+        # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
+        step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
+        self.engine = step_loop(backend) if step_loop is not None else Engine(
             backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True

@@ -9,16 +9,24 @@ A backend with a paged KV pool exposes it as ``kv`` (``paged_cache.BlockManager`
 blocks, preemption, prefix reuse) and may take chunks that start mid-prompt (``chunked_prefill``);
 one without (``kv = None``) holds one slot per sequence and always gets whole prompts from 0.
 
-A backend whose engine brings its own scheduler and step loop (vllm) has ``make_engine()``, which returns an
-object with ``engine.Engine``'s surface (``add``, ``cancel``, ``reset``, ``idle``, ``step``, ``run``, ``stats``);
-the handler then runs that instead of our engine, and ``step`` below is never called. A backend that honours
+A backend whose engine brings its own scheduler and step loop (vllm, ``STEP_LOOP`` in the registry) has
+``make_engine()``, which returns an object with ``engine.Engine``'s surface (``add``, ``cancel``, ``reset``,
+``idle``, ``step``, ``run``, ``stats``); the handler runs that instead of our engine, and ``step`` below is never
+called. A backend that honours
 sampling fields beyond the common ones lists them in ``request_fields`` (``schemas.OFF_VALUES`` names them); the
 others refuse a request that sets one.
+
+``DeviceMemory`` is what a backend's load plan (``plan`` in its package, see ``registry.py``) is told about the
+device: the runtime measures it after the weights load, ``lmi validate`` states it for an instance.
 """
 
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from typing import Any, Collection, Protocol, Sequence
+
+from ..errors import ConfigError
 
 from ..sequence import Chunk, SequenceState
 
@@ -66,6 +74,29 @@ class Backend(Protocol):
     def reset(self) -> None:
         """Drop every sequence (after a failed step)."""
         ...
+
+
+#: In a package's ``INSTANCE_FAMILIES``: it runs on any instance.
+ANY_FAMILY = "*"
+
+
+@dataclass(frozen=True)
+class DeviceMemory:
+    """The device a model runs on: ``kind`` (``cpu``, ``cuda`` or ``neuron``), the bytes of one device (None: not
+    bounded by one, as on the CPU) and the bytes the weights already hold there."""
+
+    kind: str
+    total: int | None = None
+    used: int = 0
+
+
+def check_model_files(model_id: str) -> None:
+    """A local model without config.json would otherwise fail deep inside transformers with a misleading hint
+    (about sentencepiece, for a missing tokenizer); name the real cause instead."""
+    if os.path.isdir(model_id) and not os.path.isfile(os.path.join(model_id, "config.json")):
+        raise ConfigError("model_id", model_id, "this directory has no config.json; it needs the model's "
+                          "config.json, tokenizer and weights (set option.model_id to where they are; lmi validate "
+                          "checks this before deploying)")
 
 
 def split_batch(batch: Sequence[Chunk]) -> tuple[list[SequenceState], list[SequenceState]]:

@@ -11,6 +11,9 @@ A prompt can steer its own sequence with directives:
   or ``MemoryError``), which fails every sequence of that step;
 * ``[[crash@N]]``: the worker process exits; ``[[hang@N]]``: the step never returns;
 * ``[[delay=MS]]``: each step that includes this sequence sleeps MS milliseconds.
+
+It has the shape of a backend package for the registry (``Options``, ``KEYS``, ``available``,
+``INSTANCE_FAMILIES``, ``load``); it has no load plan and no model to size (``NEEDS_MODEL``).
 """
 
 from __future__ import annotations
@@ -18,16 +21,49 @@ from __future__ import annotations
 import os
 import re
 import time
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
 
 from ..config import HandlerConfig, parse_bool, parse_int
 from ..errors import BackendError
 from ..sequence import Chunk, SequenceState
+from .base import ANY_FAMILY
 
 PAD, BOS, EOS = 0, 1, 2
 OFFSET = 3
 DEFAULT_TEXT = " The quick brown fox jumps over the lazy dog \u2014 \u00fcn\u00efc\u00f6d\u00e9 \u2713."
 DIRECTIVE = re.compile(r"\[\[(eos|fail|oom|crash|hang)@(\d+)\]\]|\[\[delay=(\d+)\]\]")
+KEYS = frozenset({"scripted_text", "scripted_step_delay_ms", "scripted_load_seconds", "scripted_fail_load",
+                  "scripted_max_sequence_length"})
+#: It runs on any host's CPU.
+INSTANCE_FAMILIES = (ANY_FAMILY,)
+#: No weights: nothing for lmi validate to size.
+NEEDS_MODEL = False
+
+
+@dataclass(frozen=True)
+class Options:
+    text: str = DEFAULT_TEXT
+    step_delay_ms: int = 0
+    load_seconds: int = 0
+    fail_load: bool = False
+    max_sequence_length: int = 4096
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> "Options":
+        return cls(text=str(props.get("scripted_text") or DEFAULT_TEXT),
+                   step_delay_ms=parse_int(props, "scripted_step_delay_ms", 0, minimum=0) or 0,
+                   load_seconds=parse_int(props, "scripted_load_seconds", 0, minimum=0) or 0,
+                   fail_load=parse_bool(props, "scripted_fail_load", False),
+                   max_sequence_length=parse_int(props, "scripted_max_sequence_length", 4096, minimum=2) or 4096)
+
+
+def available() -> str | None:
+    return None
+
+
+def load(config: HandlerConfig) -> "ScriptedBackend":
+    return ScriptedBackend(config)
 
 
 class ScriptedTokenizer:
@@ -51,20 +87,18 @@ class ScriptedBackend:
     name = "scripted"
     kv = None
     chunked_prefill = False
-    option_keys = frozenset({"scripted_text", "scripted_step_delay_ms", "scripted_load_seconds",
-                             "scripted_fail_load", "scripted_max_sequence_length"})
+    option_keys = KEYS
 
     def __init__(self, config: HandlerConfig):
-        props = config.properties
+        options = Options.from_properties(config.properties)
         self.tokenizer = ScriptedTokenizer()
-        self.script = [b + OFFSET for b in str(props.get("scripted_text") or DEFAULT_TEXT).encode("utf-8")]
-        self.step_delay = (parse_int(props, "scripted_step_delay_ms", 0, minimum=0) or 0) / 1000
-        self.max_sequence_length = parse_int(props, "scripted_max_sequence_length", 4096, minimum=2) or 4096
+        self.script = [b + OFFSET for b in options.text.encode("utf-8")]
+        self.step_delay = options.step_delay_ms / 1000
+        self.max_sequence_length = options.max_sequence_length
         self.max_batch_size = config.max_rolling_batch_size if config.rolling else max(
             config.batch_size, config.max_rolling_batch_size)
-        load_seconds = parse_int(props, "scripted_load_seconds", 0, minimum=0) or 0
-        time.sleep(load_seconds)
-        if parse_bool(props, "scripted_fail_load", False):
+        time.sleep(options.load_seconds)
+        if options.fail_load:
             raise BackendError("scripted backend asked to fail while loading (option.scripted_fail_load=true)")
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:

@@ -57,22 +57,34 @@ def _int(value: Any) -> int | None:
 def error_message(obj: Any) -> str | None:
     """The error an object reports, in any of the shapes these servers use; None if it is not an error.
 
-    The one rule for ``lmi invoke`` and ``lmi bench``: an ``error`` field (an object's ``message``, else its
-    value), DJLServing's own ``{"code", "type", "message"}``, or LMI's ``details.finish_reason == "error"``
-    (its mid-stream failure line: the status stayed 200).
+    The one rule for ``lmi invoke``, ``lmi bench`` and ``lmi serve``'s routes (``error_parts``), with DJLServing's
+    exception type in front of its message.
+    """
+    parts = error_parts(obj)
+    if parts is None:
+        return None
+    kind, message = parts
+    return f"{kind}: {message}" if kind else message
+
+
+def error_parts(obj: Any) -> tuple[str, str] | None:
+    """(exception type or "", message) of the error an object reports; None if it is not an error.
+
+    An ``error`` field (an object's ``message``, else its value), DJLServing's own ``{"code", "type", "message"}``,
+    or LMI's ``details.finish_reason == "error"`` (its mid-stream failure line: the status stayed 200).
     """
     if not isinstance(obj, dict):
         return None
     err = obj.get("error")
     if isinstance(err, dict):  # OpenAI / vLLM: {"error": {"message", "type", "code"}}
-        return str(err.get("message") or err)
+        return "", str(err.get("message") or err)
     if err:  # lmi_handlers {"code", "message", "error"}; TGI {"error", "error_type"}
-        return str(err)
+        return "", str(err)
     if "code" in obj and "message" in obj and "generated_text" not in obj:  # DJLServing {"code", "type", "message"}
-        return f"{obj.get('type') or obj['code']}: {obj['message']}"
+        return str(obj.get("type") or obj["code"]), str(obj["message"])
     details = obj.get("details")
     if isinstance(details, dict) and details.get("finish_reason") == "error":
-        return "the server reported finish_reason=error"
+        return "", "the server reported finish_reason=error"
     return None
 
 

@@ -21,7 +21,7 @@ def compile_command(model_dir: Path = typer.Argument(..., help="Model directory 
                                                                 "artifacts")) -> None:
     """Compile the neuronx graphs once, save them with their settings' manifest, and point
     option.compiled_graph_path at them; prints the compile and the reusing load times."""
-    from ..modeldir.compile import compile_model_dir
+    from ..packaging.compile import compile_model_dir
 
     result = compile_model_dir(model_dir, instance, output, on_step=lambda message: typer.echo(message, err=True))
     typer.echo(json.dumps(result.as_json()))

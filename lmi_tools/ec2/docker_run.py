@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
-from lmi_handlers.config import ConfigError, parse_int
+from lmi_handlers.backends.registry import NAMES, for_instance
+from lmi_handlers.config import ConfigError, parse_choice, parse_int
 
 from ..errors import UsageError, ValidationFailed
 from ..instances import INSTANCES, Instance, lookup
-from ..validation.runtime import CONTAINER_MODEL_DIR
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR
 
 IMAGES = {"neuron": "lmi-handlers:neuronx", "gpu": "lmi-handlers:gpu"}
 STOCK_IMAGES = {"neuron": "deepjavalibrary/djl-serving:0.29.0-pytorch-inf2", "gpu": "deepjavalibrary/djl-serving:0.29.0-lmi"}
@@ -61,6 +62,7 @@ class DockerOptions:
 
 def plan_docker_run(model_dir: Path, properties: Mapping[str, str], options: DockerOptions) -> DockerRun:
     instance = lookup(options.instance)
+    backend = _backend(properties, instance)
     tp = _tp_degree(properties, options, instance)
     _check_fit(instance, tp)
     copies = options.copies
@@ -71,7 +73,7 @@ def plan_docker_run(model_dir: Path, properties: Mapping[str, str], options: Doc
             "-p", f"{options.port}:8080", "-v", f"{model_dir.resolve()}:{CONTAINER_MODEL_DIR}"]
     timeout = options.loading_timeout or LOADING_TIMEOUT[instance.kind]
     argv += ["-e", f"MODEL_LOADING_TIMEOUT={timeout}", "-e", f"PREDICT_TIMEOUT={options.predict_timeout}"]
-    notes = [f"{instance.name}: {_describe(instance)}; tensor parallel degree {tp}"]
+    notes = [f"{instance.name}: {_describe(instance)}; backend {backend}, tensor parallel degree {tp}"]
     if instance.kind == "neuron":
         argv, more = _neuron_args(argv, instance, tp, copies, options.compile_cache)
     else:
@@ -83,6 +85,20 @@ def plan_docker_run(model_dir: Path, properties: Mapping[str, str], options: Doc
                      f"{'neuronx' if instance.kind == 'neuron' else 'gpu'}.Dockerfile -t {image} .`; with a stock "
                      f"image ({STOCK_IMAGES[instance.kind]}) the model directory must carry the runtime (`lmi package`)")
     return DockerRun(argv + [image], notes)
+
+
+def _backend(properties: Mapping[str, str], instance: Instance) -> str:
+    """The backend ``option.backend`` names (``auto``: the first that runs on the instance), refused where it does
+    not run on the instance."""
+    try:
+        name = parse_choice({"backend": properties.get("option.backend", "")}, "backend", "auto", NAMES)
+        backend = for_instance(name, instance.family)
+    except ConfigError as exc:
+        raise UsageError(f"{exc} (in serving.properties)") from None
+    if not backend.runs_on(instance.family):
+        raise ValidationFailed(backend.not_on(instance.name), hint=f"set option.backend=auto, or pick an instance "
+                               f"of {', '.join(backend.instance_families)}")
+    return backend.name
 
 
 def _tp_degree(properties: Mapping[str, str], options: DockerOptions, instance: Instance) -> int:

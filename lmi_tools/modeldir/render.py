@@ -15,7 +15,7 @@ import jinja2
 from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
-from ..validation.runtime import handler_config, ignored_options
+from .handler_config import handler_config, ignored_options
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec

@@ -16,11 +16,11 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from lmi_handlers.backends.registry import BACKENDS, NAMES, for_instance
 from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
 
 from ..errors import UsageError
 from ..instances import INSTANCES, lookup
-from ..validation.runtime import backend_option_keys
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -67,8 +67,9 @@ class DeploySpec(BaseModel):
     model_id: str | None = None
     #: EC2/SageMaker instance type (``ml.`` prefix allowed), see ``lmi_tools/instances.py``.
     instance_type: str
-    #: ``auto`` picks neuronx on Inferentia2/Trainium and hf on GPUs; the rendered file names it.
-    backend: Literal["auto", "neuronx", "hf", "scripted"] = "auto"
+    #: A backend of ``lmi_handlers/backends/registry.py``; ``auto`` is the first that runs on the instance type.
+    #: The rendered file names it.
+    backend: str = "auto"
     tensor_parallel_degree: int = Field(1, ge=1)
     #: Longest prompt + output in tokens: ``option.n_positions`` (neuronx) or ``option.max_model_len`` (hf).
     n_positions: int | None = Field(None, ge=1)
@@ -105,6 +106,13 @@ class DeploySpec(BaseModel):
             raise ValueError(f"unknown instance type; known: {', '.join(sorted(INSTANCES))}")
         return value
 
+    @field_validator("backend")
+    @classmethod
+    def _backend(cls, value: str) -> str:
+        if value not in NAMES:
+            raise ValueError(f"allowed values are {', '.join(NAMES)}")
+        return value
+
     @field_validator("output_formatter")
     @classmethod
     def _formatter(cls, value: str | None) -> str | None:
@@ -116,29 +124,27 @@ class DeploySpec(BaseModel):
     def _consistent(self) -> "DeploySpec":
         if self.rolling_batch and self.batch_size > 1:
             raise ValueError("batch_size > 1 (dynamic batching) cannot be combined with rolling_batch = true")
-        kind = lookup(self.instance_type).kind
-        if self.backend == "neuronx" and kind != "neuron":
-            raise ValueError(f"backend neuronx needs an Inferentia2/Trainium instance, not {self.instance_type}")
-        backend_keys = {b: backend_option_keys(b) - HANDLER_KEYS for b in ("neuronx", "scripted")}
-        option_keys = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
-        _check_keys(self.options, option_keys.union(*backend_keys.values()), "options")
+        instance = lookup(self.instance_type)
+        backend = BACKENDS[self.resolved_backend]
+        if not backend.runs_on(instance.family):
+            raise ValueError(backend.not_on(self.instance_type))
+        general = HANDLER_KEYS | (SERVER_KEYS - SERVER_ONLY_KEYS - ENGINE_SET_KEYS)
+        _check_keys(self.options, general.union(*(e.keys for e in BACKENDS.values())), "options")
         _check_keys(self.server, SERVER_ONLY_KEYS, "server")
-        for backend, keys in backend_keys.items():
-            foreign = sorted(set(self.options) & keys)
-            if foreign and self.resolved_backend != backend:
-                raise ValueError(f"options {', '.join(foreign)} are read by the {backend} backend only, and this "
-                                 f"spec uses {self.resolved_backend}")
+        foreign = sorted(key for key in set(self.options) - general - backend.keys)
+        if foreign:
+            readers = sorted({e.name for e in BACKENDS.values() if e.keys & set(foreign)})
+            raise ValueError(f"options {', '.join(foreign)} are read by the {' and '.join(readers)} backend only, "
+                             f"and this spec uses {backend.name}")
         return self
 
     @property
     def resolved_backend(self) -> str:
-        if self.backend != "auto":
-            return self.backend
-        return "neuronx" if lookup(self.instance_type).kind == "neuron" else "hf"
+        return for_instance(self.backend, lookup(self.instance_type).family).name
 
     @property
     def positions_key(self) -> str:
-        return "n_positions" if self.resolved_backend == "neuronx" else "max_model_len"
+        return BACKENDS[self.resolved_backend].length_key
 
 
 def _check_keys(table: dict[str, Any], known: frozenset[str], name: str) -> None:

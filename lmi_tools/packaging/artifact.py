@@ -18,12 +18,13 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
+from lmi_handlers.backends.registry import BACKENDS, for_instance
 from lmi_handlers.config import ConfigError
 
 from ..errors import UsageError
-from ..modeldir.properties import init_properties, parse_properties
+from ..modeldir.properties import init_properties, parse_directives, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
-from ..validation.runtime import CONTAINER_MODEL_DIR, handler_config, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, handler_config, ignored_options
 from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
@@ -139,14 +140,18 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
     if "serving.properties" not in files:
         report.problems.append("no serving.properties at the top of the archive")
         return
-    props = init_properties(parse_properties(read("serving.properties")))
+    text = read("serving.properties")
+    props = init_properties(parse_properties(text))
+    # The instance ``lmi render`` wrote down says what ``auto`` becomes there; without it, any backend auto may pick.
+    family = parse_directives(text).get("instance_type", "").removeprefix("ml.").split(".")[0] or None
     entry: EntryPoint = resolve(props.get("entryPoint"), lambda n: n in files, read, runtime_vendored=True)
     report.entry_point = entry.detail
     if not entry.ok:
         report.problems.append(f"entry point: {entry.detail}" + (f" ({entry.hint})" if entry.hint else ""))
     try:
         config = handler_config(props, CONTAINER_MODEL_DIR)
-        unknown = ignored_options(props, config.backend)
+        backend = config.backend if family is None else for_instance(config.backend, family).name
+        unknown = ignored_options(props, backend)
     except ConfigError as exc:
         if entry.own_handle:  # the model's own handle() reads its properties; lmi_handlers' rules do not apply
             report.notes.append(f"serving.properties: {exc} for lmi_handlers; model.py's own handle() reads it")
@@ -154,9 +159,11 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
             report.problems.append(f"serving.properties: {exc}")
         return
     report.notes.extend(f"serving.properties: {message}" for message in unknown)
+    if family is not None and not BACKENDS[backend].runs_on(family):
+        report.problems.append(f"serving.properties: {BACKENDS[backend].not_on(parse_directives(text)['instance_type'])}")
     batching = (f"rolling batch of {config.max_rolling_batch_size}" if config.rolling
                 else f"batch size {config.batch_size}")
-    report.notes.append(f"backend {config.backend}, TP {config.tensor_parallel_degree or 'max'}, {batching}")
+    report.notes.append(f"backend {backend}, TP {config.tensor_parallel_degree or 'max'}, {batching}")
 
 
 def _check_runtime(report: ArtifactReport, files: dict, read) -> None:

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from lmi_handlers.backends.registry import BACKENDS, for_instance, hosts
 from lmi_handlers.config import ConfigError, parse_bool
 
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from .runtime import CONTAINER_MODEL_DIR, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -35,14 +36,14 @@ def run_checks(target: Target) -> list[Finding]:
     findings.append(check_model_source(target))
     backend = check_backend(target)
     findings.extend(backend)
-    if target.backend == "scripted":
-        findings.append(Finding("info", "hardware", "scripted backend: no weights, so the hardware checks are "
-                                                    "skipped"))
+    if not BACKENDS[target.backend].needs_model:
+        findings.append(Finding("info", "hardware", f"{target.backend} backend: no weights, so the hardware checks "
+                                                    "are skipped"))
         return findings
     if target.refusal is not None:
         return findings + [refused(target, target.refusal)]
     if target.plan is not None:  # the runtime's own warnings, even where the hardware is wrong for the backend
-        findings.extend(Finding("warning", "neuronx", message) for message in target.plan.warnings)
+        findings.extend(Finding("warning", target.backend, message) for message in target.plan.warnings)
     if any(f.level == "error" for f in backend) or target.arch is None:
         return findings
     findings.extend(check_positions(target))
@@ -75,9 +76,10 @@ def check_entry_point(target: Target) -> Finding:
 
 
 def check_keys(target: Target) -> list[Finding]:
-    backend = target.props.get("backend", "auto").strip().lower()
-    if backend == "auto":
-        backend = "neuronx" if target.instance.kind == "neuron" else "hf"
+    try:
+        backend = for_instance(target.props.get("backend", "auto").strip().lower(), target.instance.family).name
+    except (ConfigError, KeyError):
+        return []  # an unknown or homeless backend: the properties or backend check says so
     findings = [Finding("warning", "options", message, "remove it or fix its name")
                 for message in ignored_options(target.props, backend)]
     for key in UNPARSED_BOOLEANS:
@@ -115,53 +117,49 @@ def check_model_source(target: Target) -> Finding:
 
 
 def check_backend(target: Target) -> list[Finding]:
-    kind, backend = target.instance.kind, target.backend
-    if backend == "neuronx" and kind != "neuron":
-        return [Finding("error", "backend", f"backend neuronx needs Inferentia2/Trainium; {target.instance.name} "
-                        "has GPUs", "use option.backend=hf (or auto) on GPU instances")]
-    if backend == "hf" and kind == "neuron":
-        return [Finding("error", "backend", f"backend hf would run on the CPU of {target.instance.name}, not on "
-                        "its NeuronCores", "use option.backend=neuronx (or auto)")]
+    instance, backend = target.instance, BACKENDS[target.backend]
+    if not backend.runs_on(instance.family):
+        return [Finding("error", "backend", backend.not_on(instance.name),
+                        f"use option.backend={' or '.join(hosts(instance.family))} (or auto) on {instance.name}")]
     arch = target.arch
     if arch is None:
         return []
     if arch.estimated:
         return [Finding("warning", "backend", f"model_type {arch.model_type!r} is not one lmi knows: sized as a "
                         "Llama-style decoder, so the figures are estimates")]
-    return [Finding("ok", "backend", f"{backend} on {target.instance.name} for {arch.model_type}")]
+    return [Finding("ok", "backend", f"{backend.name} on {instance.name} for {arch.model_type}")]
 
 
 def refused(target: Target, exc: ConfigError) -> Finding:
-    """The backend refuses these settings at load (the neuronx planner, the hf quantizer): the model would not load."""
-    if target.backend == "hf":
-        return Finding("error", "dtype", str(exc), "the hf backend refuses to load with this "
-                       "(lmi_handlers/backends/hf/quantize.py)")
+    """The backend refuses these settings at load (its options or its load plan): the model would not load."""
     hint = alternatives(target) if exc.key == "tensor_parallel_degree" else \
-        "the neuronx backend refuses to load with this (its planner, lmi_handlers/backends/neuronx/options.py)"
-    return Finding("error", "neuronx", str(exc), hint)
+        f"the {target.backend} backend refuses to load with this (its options or load plan)"
+    return Finding("error", target.backend, str(exc), hint)
 
 
 def check_positions(target: Target) -> list[Finding]:
-    arch, positions = target.arch, target.positions
+    """The sequence length the load plan settles on, against the model's positions and the option that bounds it."""
+    arch, positions, key = target.arch, target.positions, BACKENDS[target.backend].length_key
     assert arch is not None and target.config is not None
-    if target.backend == "neuronx":
-        if not target.positions_set:
-            return [Finding("warning", "sequence length", f"option.n_positions is not set: the neuronx backend "
-                            f"compiles for {positions} positions (the model has {arch.max_positions})",
-                            "set option.n_positions to the longest prompt + output you serve")]
-        if positions > arch.max_positions:
-            return []  # the planner's own warning or refusal says it
-        return [Finding("ok", "sequence length", f"option.n_positions={positions} <= {arch.max_positions}")]
-    wanted = target.config.max_model_len
-    if wanted is None:
-        return [Finding("info", "sequence length", f"option.max_model_len is not set: memory below assumes the "
-                        f"model's {arch.max_positions} positions", "set option.max_model_len to the longest prompt "
-                        "+ output you serve")]
-    if wanted > arch.max_positions:
-        return [Finding("warning", "sequence length", f"option.max_model_len={wanted} is beyond the model's "
-                        f"{arch.max_positions} positions: the hf backend caps it there",
-                        f"use option.max_model_len <= {arch.max_positions}")]
-    return [Finding("ok", "sequence length", f"option.max_model_len={wanted} <= {arch.max_positions}")]
+    if not target.positions_set:
+        # Where every sequence holds a full-length row, the length decides memory (and compiled graphs).
+        level = "warning" if positions < arch.max_positions or getattr(target.plan, "static_kv", False) else "info"
+        return [Finding(level, "sequence length", f"option.{key} is not set: the {target.backend} backend plans for "
+                        f"{positions} tokens per sequence (the model has {arch.max_positions} positions)",
+                        f"set option.{key} to the longest prompt + output you serve")]
+    wanted = int(target.props[key])
+    if positions > arch.max_positions:
+        return []  # the plan's own warning or refusal says it
+    if wanted > positions:
+        return [Finding("warning", "sequence length", f"option.{key}={wanted} is beyond the {positions} tokens per "
+                        f"sequence the {target.backend} backend plans for (the model has {arch.max_positions} "
+                        f"positions{_window(target)}): it caps it there", f"use option.{key} <= {positions}")]
+    return [Finding("ok", "sequence length", f"option.{key}={wanted} <= {arch.max_positions}")]
+
+
+def _window(target: Target) -> str:
+    window = (target.model_config or {}).get("sliding_window")
+    return f", a sliding window of {window}" if isinstance(window, int) and window == target.positions else ""
 
 
 def check_batching(target: Target) -> list[Finding]:
@@ -181,8 +179,9 @@ def check_batching(target: Target) -> list[Finding]:
     if config.rolling:
         findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
                                 "sequences per step"))
-        if target.plan is not None and target.plan.batch_size > 1 and not target.plan.continuous_batching:
-            findings.append(Finding("warning", "batching", f"the neuronx backend runs {arch.model_type} without "
+        if target.plan is not None and target.plan.batch_size > 1 and not getattr(target.plan, "continuous_batching",
+                                                                                   True):
+            findings.append(Finding("warning", "batching", f"the {target.backend} backend runs {arch.model_type} without "
                                     "continuous batching (transformers-neuronx has it for few architectures): "
                                     "sequences cannot join a running batch cheaply",
                                     "use batch_size (dynamic batching) for this model"))
@@ -202,9 +201,10 @@ def check_dtype(target: Target) -> list[Finding]:
     findings = []
     if target.int8:
         findings.append(Finding("ok", "dtype", f"{detail}; int8 weight storage (layers' matrices), KV cache {dtype}"))
-    elif target.backend == "hf" and flag(props, "load_in_8bit"):
-        findings.append(Finding("warning", "dtype", "load_in_8bit is a neuronx option; the hf backend loads "
-                                f"{dtype} weights", "use option.quantize=static_int8 for int8 weights on hf"))
+    elif flag(props, "load_in_8bit") and "load_in_8bit" not in BACKENDS[target.backend].keys:
+        findings.append(Finding("warning", "dtype", f"the {target.backend} backend does not read load_in_8bit; it "
+                                f"loads {dtype} weights", f"use option.quantize=static_int8 for int8 weights on "
+                                f"{target.backend}"))
     else:
         findings.append(Finding("ok", "dtype", detail))
     if dtype == "fp16" and stored == "bf16":
@@ -213,8 +213,7 @@ def check_dtype(target: Target) -> list[Finding]:
     if dtype == "fp32":
         findings.append(Finding("warning", "dtype", "fp32 doubles weight and KV memory and is slower",
                                 "use bf16 or fp16 unless the model needs fp32"))
-    if target.backend == "neuronx":
-        findings.extend(_neuron_accuracy(target))
+    findings.extend(_neuron_accuracy(target))
     return findings
 
 
@@ -222,6 +221,8 @@ def _neuron_accuracy(target: Target) -> list[Finding]:
     arch = target.arch
     assert arch is not None
     flags = ACCURACY_FLAGS.get((arch.model_type, arch.hidden_size, arch.layers), ())
+    if not set(flags) <= BACKENDS[target.backend].keys:  # the compiler options of transformers-neuronx
+        return []
     missing = [f for f in flags if not flag(target.props, f)]
     if missing:
         return [Finding("warning", "dtype", "transformers-neuronx lists accuracy issues for this model shape "

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from lmi_handlers.backends.neuronx.options import CompileSettings
 from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
 
 from ..instances import Instance
@@ -38,12 +37,12 @@ class Target:
     arch_source: str = ""
     #: The model's ``config.json``, as the runtime's planner reads it.
     model_config: dict[str, Any] | None = None
-    #: hf, neuronx or scripted (``auto`` resolved for the instance).
-    backend: str = "hf"
+    #: A backend of the registry (``auto`` resolved for the instance; empty until the properties parse).
+    backend: str = ""
     tp: int = 1
-    #: The neuronx backend's compile plan at ``tp`` (None: another backend, or the runtime refused).
-    plan: CompileSettings | None = None
-    #: Why the runtime would refuse to load (the neuronx planner's ``ConfigError``).
+    #: The backend's load plan at ``tp`` (None: a backend without one, no config.json, or the runtime refused).
+    plan: Any = None
+    #: Why the runtime would refuse to load (its options' or its load plan's ``ConfigError``).
     refusal: ConfigError | None = None
     #: The dtype the weights and KV cache will have (``auto`` resolved).
     dtype: str = "fp16"
@@ -53,6 +52,8 @@ class Target:
     #: Tokens per sequence the KV cache is sized for, and whether the properties set it.
     positions: int = 0
     positions_set: bool = False
+    #: Tokens the KV cache holds, as the load plan sizes it (0: one full-length row per sequence).
+    kv_tokens: int = 0
     non_ascii: bool = False
 
 

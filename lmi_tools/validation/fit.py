@@ -14,11 +14,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
 
 from ..instances import INSTANCES, Instance
 from .findings import Finding, Target, flag
-from .runtime import neuronx_plan
+from .runtime import plan_at
 from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
 
 HEADROOM = 0.10
@@ -35,15 +36,19 @@ def unit(instance: Instance, plural: bool = True) -> str:
 
 
 def head_layout(target: Target, tp: int) -> HeadLayout:
+    """On NeuronCores, heads as transformers-neuronx pads them (the fit checks run only where the backend runs on
+    the instance); on GPUs, as the model has them."""
     assert target.arch is not None
-    if target.backend == "neuronx":
+    if target.instance.kind == "neuron":
         return neuron_head_layout(target.arch, tp, target.props.get("group_query_attention"), (target.batch,))
     return gpu_head_layout(target.arch, tp)
 
 
 def memory(target: Target, tp: int) -> Footprint:
+    """Weights plus the KV cache the load plan sizes (``kv_tokens``), or one full-length row per sequence."""
     assert target.arch is not None
-    return footprint(target.arch, head_layout(target, tp), target.dtype, target.batch, target.positions, target.int8)
+    usage = footprint(target.arch, head_layout(target, tp), target.dtype, target.batch, target.positions, target.int8)
+    return replace(usage, kv_tokens=target.kv_tokens) if target.kv_tokens else usage
 
 
 def check_tp(target: Target, tp: int) -> Finding:
@@ -64,9 +69,9 @@ def check_tp(target: Target, tp: int) -> Finding:
 def check_heads(target: Target, tp: int) -> list[Finding]:
     arch = target.arch
     assert arch is not None
-    if target.backend != "neuronx":
-        return [Finding("ok", "attention heads", "the hf backend splits layers over GPUs (device_map=auto), "
-                                                 "so heads need not divide the TP degree" if tp > 1 else
+    if target.instance.kind != "neuron":
+        return [Finding("ok", "attention heads", f"the {target.backend} backend splits layers over GPUs "
+                        "(device_map=auto), so heads need not divide the TP degree" if tp > 1 else
                         f"{arch.heads} heads on one GPU")]
     layout = head_layout(target, tp)
     findings = []
@@ -91,7 +96,7 @@ def check_memory(target: Target, tp: int) -> Finding:
     share = usage.per_device / capacity
     text = (f"per {unit(target.instance, False)}: weights {gib(usage.weights / tp)} + KV cache "
             f"{gib(usage.kv_cache / tp)} = {gib(usage.per_device)} of {gib(capacity)} ({share:.0%}); KV for "
-            f"{target.batch} x {target.positions} tokens at {human_bytes(usage.kv_per_token)}/token")
+            f"{kv_tokens(target, usage)} at {human_bytes(usage.kv_per_token)}/token")
     if share > 1 - HEADROOM:
         return Finding("error", "memory", f"{text}, over the {1 - HEADROOM:.0%} usable")
     if share > WARN_FRACTION:
@@ -101,13 +106,13 @@ def check_memory(target: Target, tp: int) -> Finding:
 
 
 def planner_refusal(target: Target, tp: int) -> Finding | None:
-    """The neuronx planner's refusal of this TP degree, if it refuses it."""
-    if target.backend != "neuronx" or target.config is None or target.model_config is None:
+    """The backend's load plan's refusal of this TP degree, if it refuses it."""
+    if BACKENDS[target.backend].plan is None or target.config is None or target.model_config is None:
         return None
     try:
-        neuronx_plan(target.config, target.model_config, tp)
+        plan_at(target, tp)
     except ConfigError as exc:
-        return Finding("error", "neuronx", str(exc))
+        return Finding("error", target.backend, str(exc))
     return None
 
 
@@ -169,7 +174,7 @@ def check_copies(target: Target) -> Finding:
     if idle:
         return Finding("warning", "model copies", f"{text}; {idle} {unit(instance)} idle",
                        f"a TP degree that divides {instance.cores} uses them all")
-    if count > 1 and target.backend == "neuronx":
+    if count > 1 and instance.kind == "neuron":
         text += "; each loads and compiles on its own (the Neuron persistent cache or compiled_graph_path helps)"
     return Finding("ok", "model copies", text)
 
@@ -207,12 +212,21 @@ def figures(target: Target) -> dict[str, str]:
         "heads per copy": f"{layout.padded_heads} Q / {layout.effective_kv_heads} KV (model: {arch.heads} / "
                           f"{arch.kv_heads})",
         "kv cache per token": f"{usage.kv_per_token:,} B ({human_bytes(usage.kv_per_token)})",
-        "kv cache": f"{gib(usage.kv_cache)} ({target.batch} x {target.positions} tokens)",
+        "kv cache": f"{gib(usage.kv_cache)} ({kv_tokens(target, usage)})",
         f"per {unit(target.instance, False)}": f"{gib(usage.per_device)} of "
                                                f"{target.instance.memory_per_core_gib} GiB",
         "model copies": f"{copies(target)} x TP {tp}",
         "host RAM to load": gib(loading_bytes(target)),
     }
+
+
+def kv_tokens(target: Target, usage: Footprint) -> str:
+    """The KV cache's tokens: one full-length row per sequence, or the pool the plan sizes."""
+    rows = f"{target.batch} x {target.positions} tokens"
+    if usage.kv_tokens == target.batch * target.positions:
+        return rows
+    return (f"a pool of {usage.kv_tokens:,} tokens: {usage.kv_tokens // target.positions} of {target.batch} "
+            f"sequences at full length ({target.positions} tokens) at once")
 
 
 def human_bytes(value: float) -> str:

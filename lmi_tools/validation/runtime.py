@@ -1,94 +1,56 @@
-"""What the runtime itself makes of a model directory: ``HandlerConfig`` and, on Neuron, the compile plan.
+"""What the backend itself makes of a model directory for an instance: its options and its load plan.
 
-The tooling never re-states the runtime's rules. It calls the code the handler runs at its init call
-(``HandlerConfig.from_properties``, then ``NeuronxOptions.from_properties`` and ``plan_compile`` for the
-neuronx backend) with what the container would give it, and reports their ``ConfigError`` and warnings.
-``lmi render``, ``lmi validate`` and ``lmi inspect`` all come through here.
+The tooling never re-states the runtime's rules. After ``HandlerConfig`` (``modeldir/handler_config.py``) it calls
+the backend's ``Options.from_properties``, ``check_files`` and ``plan`` from the registry
+(``lmi_handlers/backends/registry.py``) with what the container would give them, and reports their
+``ConfigError`` and warnings.
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any
 
-from lmi_handlers.backends.neuronx.options import CompileSettings, NeuronxOptions, plan_compile
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
+from lmi_handlers.backends.base import DeviceMemory
+from lmi_handlers.backends.registry import BACKENDS, Entry
+from lmi_handlers.config import HandlerConfig
 
+from ..instances import GIB, Instance
+from .findings import Target
+from .sizing import gpu_head_layout, weight_bytes
 
-# Where SageMaker and `docker run -v` put the model directory inside the container.
-CONTAINER_MODEL_DIR = "/opt/ml/model"
-
-
-def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
-    """``HandlerConfig`` as the handler builds it in the container; raises ``ConfigError``."""
-    props = {**props, "model_dir": model_dir}
-    model_id = props.get("model_id", "")
-    if model_id.startswith("s3://"):
-        props["model_id"] = model_dir  # DJLServing downloads it and hands the handler the local directory
-    elif model_id == CONTAINER_MODEL_DIR or model_id.startswith(CONTAINER_MODEL_DIR + "/"):
-        # the container's own path to the model directory: here, that directory is model_dir
-        props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
-    with quiet("lmi_handlers.config"):
-        return HandlerConfig.from_properties(props)
+#: Device bytes no plan runs out of.
+UNBOUNDED = 1 << 62
 
 
-def neuronx_plan(config: HandlerConfig, model: Mapping[str, Any], tp: int) -> CompileSettings:
-    """The compile plan ``NeuronxBackend`` makes at load for this model (its ``config.json``) over ``tp``
-    NeuronCores (what ``tensor_parallel_degree=max`` becomes in a worker that has them); raises ``ConfigError``."""
-    options = NeuronxOptions.from_properties(config.properties)
-    return plan_compile(replace(config, tensor_parallel_degree=tp), options, model)
+def instance_memory(config: HandlerConfig, instance: Instance) -> DeviceMemory:
+    """The device a worker on ``instance`` runs on, as the handler resolves ``option.device``: one of the GPUs
+    where it has them, else the host CPU (NeuronCores' memory is the neuronx compiler's, not a plan's)."""
+    device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
+    return DeviceMemory("cuda", instance.memory_per_core_gib * GIB) if device == "cuda" else DeviceMemory("cpu")
 
 
-def backend_option_keys(backend: str) -> frozenset[str]:
-    """Options only ``backend`` reads (beyond the handler's own), as ``check_unknown_keys`` wants them."""
-    if backend == "neuronx":
-        return NEURONX_KEYS
-    if backend == "scripted":
-        from lmi_handlers.backends.scripted import ScriptedBackend  # standard library only
+def plan_at(target: Target, tp: int) -> Any:
+    """The load plan the backend makes for this model (its ``config.json``) over ``tp`` devices (what
+    ``tensor_parallel_degree=max`` becomes in a worker that has them); raises ``ConfigError``.
 
-        return frozenset(ScriptedBackend.option_keys)
-    from lmi_handlers.backends.hf.backend import HFBackend  # torch and transformers are imported only at load
-
-    return frozenset(HFBackend.option_keys)
-
-
-def hf_quantize(props: Mapping[str, str]) -> str | None:
-    """The hf backend's weight quantization method for ``option.quantize``, as it reads it; raises ``ConfigError``."""
-    from lmi_handlers.backends.hf.quantize import parse_method
-
-    return parse_method(props.get("quantize"))
+    On a GPU the runtime measures what the weights hold after loading; here they are sized in the dtype the plan
+    loads them in, spread over the ``tp`` GPUs. A first plan on a device too large to bound anything says which
+    dtype (its refusals are those that do not depend on memory)."""
+    assert target.config is not None and target.model_config is not None and target.arch is not None
+    entry, arch = BACKENDS[target.backend], target.arch
+    config = replace(target.config, tensor_parallel_degree=tp)
+    options, memory = entry.options(config.properties), instance_memory(config, target.instance)
+    if memory.total is None:
+        return entry.plan(config, options, target.model_config, memory)
+    plan = entry.plan(config, options, target.model_config, replace(memory, total=UNBOUNDED))
+    weights = weight_bytes(arch, gpu_head_layout(arch, tp), plan.dtype, plan.int8) // tp
+    return entry.plan(config, options, target.model_config, replace(memory, used=weights))
 
 
-def hf_speculation(props: Mapping[str, str], model_id: str) -> None:
-    """The hf backend's speculative-decoding options as it reads them before load, and, where the target and the
-    draft are directories here, its tokenizer comparison; raises ``ConfigError``."""
-    from lmi_handlers.backends.hf.speculative import check_draft_tokenizer, load_draft_tokenizer, parse_options
-
-    options = parse_options(props)
-    if options is None or options.draft is None or not Path(model_id).is_dir() or not Path(options.draft).is_dir():
-        return
-    try:
-        target = load_draft_tokenizer(model_id)
-    except ConfigError:
-        return  # no tokenizer beside the target's config: nothing to compare here
-    check_draft_tokenizer(model_id, options.draft, target, load_draft_tokenizer(options.draft))
-
-
-def ignored_options(props: Mapping[str, str], backend: str) -> list[str]:
-    """One message per option nobody reads (the runtime's own did-you-mean warnings)."""
-    with quiet("lmi_handlers.config"):
-        return check_unknown_keys(props, backend_option_keys(backend))
-
-
-@contextmanager
-def quiet(logger_name: str) -> Iterator[None]:
-    """Silence a runtime logger whose warnings we report ourselves."""
-    logger = logging.getLogger(logger_name)
-    previous, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = previous
+def check_files(entry: Entry, config: HandlerConfig) -> None:
+    """The backend's options as it parses them at load, and what it checks in the model's files before loading
+    (its package's ``check_files``, where it has one); raises ``ConfigError``."""
+    options = entry.options(config.properties)
+    if entry.check_files is not None:
+        entry.check_files(config, options)

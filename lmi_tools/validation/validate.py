@@ -13,8 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmi_handlers.backends.neuronx.options import CompileSettings
-from lmi_handlers.backends.hf.cpu.kernels import check_target, parse_kernels
+from lmi_handlers.backends.registry import BACKENDS, for_instance
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup
@@ -24,9 +23,8 @@ from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from .runtime import handler_config, hf_quantize, hf_speculation, neuronx_plan
-
-AMP_DTYPES = {"f32": "fp32", "f16": "fp16", "bf16": "bf16"}
+from ..modeldir.handler_config import handler_config
+from .runtime import check_files, plan_at
 
 
 @dataclass
@@ -65,12 +63,12 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
     findings.extend(run_checks(target))
     return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
                   architecture=_describe(target), findings=findings,
-                  figures=figures(target) if target.arch and target.config else {})
+                  figures=figures(target) if target.arch and target.config and target.positions else {})
 
 
 def _describe(target: Target) -> str:
-    if target.backend == "scripted":
-        return "none (scripted backend)"
+    if target.backend and not BACKENDS[target.backend].needs_model:
+        return f"none ({target.backend} backend)"
     if not target.arch:
         return "unknown (no config.json)"
     a = target.arch
@@ -96,7 +94,11 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
             findings.append(Finding("error", "properties", str(exc),
                                     "fix this first: the handler would refuse to load with it"))
         return target, findings
-    if target.config.backend != "scripted":  # the scripted backend has no weights to size
+    try:
+        target.backend = for_instance(target.config.backend, target.instance.family).name
+    except ConfigError as exc:
+        return target, findings + [Finding("error", "backend", str(exc))]
+    if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
     resolve_settings(target)
     return target, findings
@@ -136,46 +138,31 @@ def _read_architecture(target: Target, path: Path, source: str) -> None:
 
 
 def resolve_settings(target: Target) -> None:
-    """Backend, TP, dtype, batch and sequence length as they will be in effect: on Neuron, the runtime's plan."""
-    config, arch, instance = target.config, target.arch, target.instance
+    """TP, dtype, batch, sequence length and KV cache as they will be in effect: the backend's own load plan."""
+    config, instance, entry = target.config, target.instance, BACKENDS[target.backend]
     assert config is not None
-    target.backend = config.backend if config.backend != "auto" else (
-        "neuronx" if instance.kind == "neuron" else "hf")
     target.tp = config.tensor_parallel_degree or instance.cores
-    if target.backend == "neuronx" and target.model_config is not None:
-        try:
-            target.plan = neuronx_plan(config, target.model_config, target.tp)
-        except ConfigError as exc:
-            target.refusal = exc
-        plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
-        if plan is None:
-            return
-        target.dtype, target.int8, target.batch = AMP_DTYPES[plan.amp], "quant" in plan.neuron_config, plan.batch_size
-        target.positions, target.positions_set = plan.n_positions, bool(target.props.get("n_positions", "").strip())
-        return
     try:
-        target.int8 = hf_quantize(target.props) is not None
-        device = config.device if config.device != "auto" else "cuda"  # the hf backend on a GPU instance
-        check_target(parse_kernels(target.props), device, config.dtype)
-        hf_speculation(target.props, config.model_id)
+        check_files(entry, config)
+        if entry.plan is not None and target.model_config is not None:
+            target.plan = plan_at(target, target.tp)
     except ConfigError as exc:
         target.refusal = exc
-    if config.dtype != "auto":
-        target.dtype = config.dtype
-    elif arch and arch.checkpoint_dtype in ("fp16", "bf16"):
-        target.dtype = arch.checkpoint_dtype
-    target.batch = config.max_rolling_batch_size if config.rolling else config.batch_size
-    target.positions_set = config.max_model_len is not None
-    if arch:  # the hf backend caps max_model_len at what the model supports
-        target.positions = min(config.max_model_len or arch.max_positions, arch.max_positions)
+    plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
+    if plan is None:
+        return
+    target.dtype, target.int8, target.batch = plan.dtype, plan.int8, plan.batch_size
+    target.positions, target.kv_tokens = plan.max_sequence_length, plan.kv_tokens
+    target.positions_set = bool(target.props.get(entry.length_key, "").strip())
 
 
-def _any_plan(target: Target) -> CompileSettings | None:
-    """A plan at any TP degree of the instance: batch, positions and amp do not depend on it."""
-    assert target.config is not None and target.model_config is not None
+def _any_plan(target: Target) -> Any:
+    """A plan at any TP degree of the instance: batch, positions and dtype do not depend on it."""
+    if target.refusal is None or target.model_config is None:
+        return None
     for tp in target.instance.tp_degrees:
         try:
-            return neuronx_plan(target.config, target.model_config, tp)
+            return plan_at(target, tp)
         except ConfigError:
             continue
     return None

@@ -2,7 +2,7 @@
 
 import pytest
 
-from lmi_handlers.backends.hf.paged_cache import BlockManager, PoolPlan, plan_pool
+from lmi_handlers.backends.hf.paged_cache import BlockManager, PoolOptions, PoolPlan, plan_pool
 from lmi_handlers.config import ConfigError
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from lmi_handlers.sequence import SequenceState
@@ -65,13 +65,17 @@ def test_stats_report_hits_against_prompt_tokens():
 
 def test_pool_plan_from_options():
     common = dict(bytes_per_token=100, max_batch_size=4, max_sequence_length=64)
-    assert plan_pool({}, **common).num_blocks == 16  # CPU: what four full-length rows need
-    assert plan_pool({"kv_cache_memory_bytes": "24000", "block_size": "8"}, **common).num_blocks == 30
-    assert plan_pool({"kv_cache_memory_bytes": "10000000"}, **common).num_blocks == 16  # never more than usable
-    assert plan_pool({"num_gpu_blocks_override": "9"}, **common).tokens == 144
-    assert plan_pool({}, **common, cuda_memory=(100_000, 20_000)).num_blocks == 16
-    assert plan_pool({"gpu_memory_utilization": "0.5"}, **common, cuda_memory=(40_000, 10_000)).num_blocks == 6
+
+    def plan(props, **more):
+        return plan_pool(PoolOptions.from_properties(props), **common, **more)
+
+    assert plan({}).num_blocks == 16  # CPU: what four full-length rows need
+    assert plan({"kv_cache_memory_bytes": "24000", "block_size": "8"}).num_blocks == 30
+    assert plan({"kv_cache_memory_bytes": "10000000"}).num_blocks == 16  # never more than usable
+    assert plan({"num_gpu_blocks_override": "9"}).tokens == 144
+    assert plan({}, cuda_memory=(100_000, 20_000)).num_blocks == 16
+    assert plan({"gpu_memory_utilization": "0.5"}, cuda_memory=(40_000, 10_000)).num_blocks == 6
     with pytest.raises(ConfigError, match="gpu_memory_utilization"):
-        plan_pool({"gpu_memory_utilization": "0.3"}, **common, cuda_memory=(40_000, 10_000))
+        plan({"gpu_memory_utilization": "0.3"}, cuda_memory=(40_000, 10_000))
     with pytest.raises(ConfigError, match="enable_prefix_caching"):
-        plan_pool({"enable_prefix_caching": "maybe"}, **common)
+        PoolOptions.from_properties({"enable_prefix_caching": "maybe"})

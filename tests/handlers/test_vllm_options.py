@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from lmi_handlers.backends import choose_backend
 from lmi_handlers.backends import vllm as vllm_backend
+from lmi_handlers.backends.registry import choose, for_instance, load_backend
 from lmi_handlers.backends.vllm.options import Options, engine_arg_defaults, neuron_config
 from lmi_handlers.config import HandlerConfig, check_unknown_keys
 from lmi_handlers.errors import ConfigError
@@ -115,16 +115,21 @@ def test_neuron_plugin_configuration():
 def test_auto_stays_off_vllm_without_an_accelerator(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_accelerator", lambda: False)
     assert vllm_backend.available() is not None
-    assert choose_backend(HandlerConfig.from_properties({"backend": "auto"})) in ("hf", "neuronx")
+    assert choose("auto").name in ("hf", "neuronx")
 
 
 def test_auto_picks_vllm_where_it_imports_beside_a_gpu(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_accelerator", lambda: True)
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
-    assert choose_backend(HandlerConfig.from_properties({"backend": "auto"})) == "vllm"
+    assert choose("auto").name == "vllm"
+
+
+def test_on_an_instance_auto_is_vllm_on_gpus_and_neuronx_on_inferentia():
+    assert for_instance("auto", "g5").name == "vllm" and for_instance("auto", "inf2").name == "neuronx"
+    assert for_instance("vllm", "inf2").runs_on("inf2")
 
 
 def test_explicit_vllm_without_vllm_fails_the_init_call_clearly(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="this backend needs vLLM"):
-        vllm_backend.load(HandlerConfig.from_properties({"rolling_batch": "vllm"}))
+        load_backend(HandlerConfig.from_properties({"rolling_batch": "vllm"}))

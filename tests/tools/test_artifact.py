@@ -167,3 +167,17 @@ def test_a_truncated_archive_is_a_usage_error(artifact, tmp_path):
             inspect_artifact(truncated)
         with pytest.raises(UsageError, match="truncated or corrupt|not a tar archive"):
             unpack(truncated, tmp_path / f"out{cut}")
+
+
+@pytest.mark.parametrize("instance, backend, problem", [
+    ("g5.xlarge", "neuronx", "serving.properties: backend neuronx runs on inf2, trn1, trn1n, trn2 instances; "
+                             "g5.xlarge is not one"),
+    ("inf2.xlarge", "auto", None),  # auto is what the registry picks there: neuronx
+])
+def test_the_backend_is_asked_of_the_registry_for_the_instance(tmp_path, instance, backend, problem):
+    properties = PROPERTIES.replace("g5.xlarge", instance).replace("backend=scripted", f"backend={backend}")
+    archive = make_tar(tmp_path / "a.tar.gz", [regular("serving.properties", properties.encode()),
+                                               regular("model.py", SHIM.encode())])
+    report = inspect_artifact(archive)
+    assert (problem in report.problems) if problem else not any("backend" in p for p in report.problems)
+    assert any(n.startswith(f"backend {'neuronx'}, TP 1") for n in report.notes)

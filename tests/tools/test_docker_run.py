@@ -145,3 +145,12 @@ def test_dockerfiles_ship_only_the_runtime(dockerfile):
     assert copies == ["COPY lmi_handlers /opt/lmi-handlers/lmi_handlers"]
     assert "OPTION_ENTRYPOINT=lmi_handlers.entrypoint" in text and "PYTHONPATH=/opt/lmi-handlers" in text
     assert (ROOT / ".dockerignore").read_text().splitlines()[1:3] == ["*", "!lmi_handlers/"]
+
+
+def test_a_backend_that_does_not_run_on_the_instance_is_refused(capsys, tmp_path):
+    directory = str(model_dir(tmp_path, backend="neuronx", tensor_parallel_degree=1))
+    code, argv, err = run(capsys, directory, "--instance", "g5.xlarge")
+    assert code == 3 and argv == []
+    assert "backend neuronx runs on inf2, trn1, trn1n, trn2 instances; g5.xlarge is not one" in err
+    code, argv, notes = run(capsys, str(model_dir(tmp_path, tensor_parallel_degree=2)), "--instance", "inf2.xlarge")
+    assert code == 0 and "backend neuronx, tensor parallel degree 2" in notes  # auto, asked of the registry

@@ -7,13 +7,14 @@ import json
 import jinja2
 import pytest
 
-from lmi_handlers.config import NEURONX_KEYS, HandlerConfig, check_unknown_keys
+from lmi_handlers.backends.neuronx.options import KEYS as NEURONX_KEYS
+from lmi_handlers.config import HandlerConfig, check_unknown_keys
 from lmi_tools.errors import UsageError
 from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
 from lmi_tools.modeldir.render import environment, render_files, write_model_dir
 from lmi_tools.modeldir.resources import preset_names, preset_spec
 from lmi_tools.modeldir.spec import load_spec, parse_spec
-from lmi_tools.validation.runtime import backend_option_keys
+from lmi_tools.modeldir.handler_config import backend_option_keys
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {
@@ -136,7 +137,9 @@ def test_values_that_do_not_fit_a_properties_line_are_refused():
     ({"instance_type": "inf3.huge"}, "instance_type: unknown instance type"),
     ({"tensor_parallel_degree": 0}, "tensor_parallel_degree: Input should be greater than or equal to 1"),
     ({"rolling_batch": True, "batch_size": 4}, "cannot be combined with rolling_batch"),
-    ({"instance_type": "g5.12xlarge", "backend": "neuronx"}, "needs an Inferentia2/Trainium instance"),
+    ({"instance_type": "g5.12xlarge", "backend": "neuronx"},
+     "backend neuronx runs on inf2, trn1, trn1n, trn2 instances; g5.12xlarge is not one"),
+    ({"backend": "vllm"}, "backend: allowed values are auto, neuronx, hf, scripted"),
     ({"quantize": "awq"}, "quantize: Input should be 'static_int8'"),
     ({"dtype": "float8"}, "dtype: Input should be"),
     ({"output_formatter": "xml"}, "output_formatter: allowed values are"),

@@ -1,8 +1,9 @@
 """``lmi validate`` and the runtime agree: on every preset and on generated configurations.
 
-The runtime side is the handler's init call as the container runs it: ``HandlerConfig.from_properties``,
-then - for the neuronx backend - ``NeuronxOptions.from_properties`` and ``plan_compile`` with
-``NEURON_RT_VISIBLE_CORES`` set the way DJLServing sets it for a worker that owns the instance. Agreement:
+The runtime side is the handler's init call as the container runs it: ``HandlerConfig.from_properties``, then
+the backend's ``Options.from_properties`` and its load plan from the registry - for neuronx with
+``NEURON_RT_VISIBLE_CORES`` set the way DJLServing sets it for a worker that owns the instance, for hf on the
+instance's GPU (or the CPU) with the weights already loaded. Agreement:
 
 * the runtime refuses  =>  validate reports the runtime's own message as an error;
 * the runtime accepts  =>  validate's errors are only about the hardware (TP topology, memory, a backend
@@ -21,18 +22,16 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lmi_handlers.backends.hf.backend import HFBackend
-from lmi_handlers.backends.neuronx.options import NeuronxOptions, plan_compile
-from lmi_handlers.backends.hf.quantize import parse_method
-from lmi_handlers.backends.hf.speculative import parse_options
-from lmi_handlers.backends.scripted import ScriptedBackend
-from lmi_handlers.config import NEURONX_KEYS, ConfigError, HandlerConfig, check_unknown_keys
-from lmi_tools.instances import INSTANCES, Instance
+from lmi_handlers.backends.base import DeviceMemory
+from lmi_handlers.backends.registry import for_instance
+from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
+from lmi_tools.instances import GIB, INSTANCES, Instance
 from lmi_tools.modeldir.properties import read_serving_properties
 from lmi_tools.modeldir.render import write_model_dir
 from lmi_tools.modeldir.resources import known_model_config, preset_names, preset_spec
 from lmi_tools.modeldir.spec import load_spec
-from lmi_tools.models.architecture import load_config
+from lmi_tools.models.architecture import load_config, read_architecture
+from lmi_tools.validation.sizing import gpu_head_layout, weight_bytes
 from lmi_tools.validation.validate import validate_model_dir
 
 from .model_shapes import LLAMA_2_7B
@@ -48,6 +47,7 @@ MODEL_CONFIGS.update({
     "pythia-1b": {"model_type": "gpt_neox", "hidden_size": 2048, "num_attention_heads": 8, "num_hidden_layers": 16,
                   "intermediate_size": 8192, "max_position_embeddings": 2048, "vocab_size": 50304,
                   "torch_dtype": "float16"},
+    "mistral-7b-window": {**MODEL_CONFIGS["mistralai--Mistral-7B-Instruct-v0.2"], "sliding_window": 4096},
     "qwen2-7b": {**LLAMA_2_7B, "model_type": "qwen2", "num_key_value_heads": 4, "num_attention_heads": 28,
                  "hidden_size": 3584, "max_position_embeddings": 32768, "torch_dtype": "bfloat16"},
 })
@@ -62,20 +62,31 @@ def runtime_verdict(props: dict[str, str], model: dict, instance: Instance, mode
     with mock.patch.dict(os.environ, cores):
         try:
             config = HandlerConfig.from_properties({**props, "model_dir": str(model_dir)})
-            # In an LMI container "auto" is neuronx exactly where transformers_neuronx is installed: the neuron image.
-            backend = config.backend if config.backend != "auto" else (
-                "neuronx" if instance.kind == "neuron" else "hf")
-            keys = {"neuronx": NEURONX_KEYS, "scripted": ScriptedBackend.option_keys}.get(backend,
-                                                                                         HFBackend.option_keys)
-            warnings = check_unknown_keys(config.properties, keys)
-            if backend == "neuronx":
-                warnings += plan_compile(config, NeuronxOptions.from_properties(config.properties), model).warnings
-            if backend == "hf":
-                parse_method(config.properties.get("quantize"))  # HFBackend reads both first thing at load
-                parse_options(config.properties)
+            # In an LMI container "auto" is the first backend the image of that instance can run.
+            backend = for_instance(config.backend, instance.family)
+            warnings = check_unknown_keys(config.properties, backend.keys)
+            options = backend.options(config.properties)  # every backend parses its options first thing at load
+            if backend.plan is not None:
+                plan = backend.plan(config, options, model, loaded_memory(config, options, backend, model, instance))
+                warnings += plan.warnings
         except ConfigError as exc:
             return str(exc), []
     return None, warnings
+
+
+def loaded_memory(config: HandlerConfig, options, backend, model: dict, instance: Instance) -> DeviceMemory:
+    """What the hf backend measures after its weights load on one of the instance's GPUs (``option.device`` as it
+    resolves it; nothing to measure on the CPU): the weights in the dtype it loads them in, spread over the TP
+    degree's GPUs."""
+    device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
+    if device != "cuda":
+        return DeviceMemory("cpu")
+    total = instance.memory_per_core_gib * GIB
+    dtype_plan = backend.plan(config, options, model, DeviceMemory("cuda", 1 << 62))
+    tp = config.tensor_parallel_degree or instance.cores
+    arch = read_architecture(model)
+    return DeviceMemory("cuda", total, weight_bytes(arch, gpu_head_layout(arch, tp), dtype_plan.dtype,
+                                                   dtype_plan.int8) // tp)
 
 
 def assert_agree(model_dir: Path, model: dict, instance: Instance) -> None:
@@ -135,6 +146,15 @@ OPTIONS = st.fixed_dictionaries({}, optional={
     "fuse_qkv": st.sampled_from(["true", "perhaps"]),
     "speculative_draft_model": st.sampled_from(["[ngram]", "/opt/ml/model/draft", ""]),
     "speculative_length": st.sampled_from(["0", "5", "16", "17", "five"]),
+    # The hf backend's load plan: device, KV pool and CPU kernels.
+    "device": st.sampled_from(["auto", "cpu", "cuda", "tpu"]),
+    "block_size": st.one_of(_integers(8, 16, 32, 4096), st.just("x")),
+    "num_gpu_blocks_override": _integers(0, 1, 64, 512, 100000),
+    "kv_cache_memory_bytes": _integers(1_000_000, 1 << 28, 1 << 34),
+    "gpu_memory_utilization": st.sampled_from(["0.05", "0.5", "0.9", "1.5"]),
+    "enable_prefix_caching": st.sampled_from(["true", "maybe"]),
+    "cpu_linear_kernel": st.sampled_from(["stock", "onednn", "compiled", "mkl"]),
+    "cpu_attention_kernel": st.sampled_from(["torch", "compiled"]),
 })
 
 
@@ -152,6 +172,11 @@ OPTIONS = st.fixed_dictionaries({}, optional={
 # Found by this test: "max" on a GPU instance, and a refused quantize method beside a backend on the wrong instance.
 @example(options={"backend": "neuronx", "tensor_parallel_degree": "max"}, model_name="pythia-1b", instance="g5.12xlarge")
 @example(options={"backend": "hf", "quantize": "awq"}, model_name="EleutherAI--gpt-j-6b", instance="inf2.24xlarge")
+# The issue's: loading refuses a KV pool smaller than one full-length sequence, and so must validate.
+@example(options={"num_gpu_blocks_override": "1"}, model_name="meta-llama--Meta-Llama-3-8B", instance="g5.2xlarge")
+# A sliding window caps the sequence length the pool is sized for (Mistral's 4096 of its 32768 positions).
+@example(options={"kv_cache_memory_bytes": str(600 << 20), "max_model_len": "100000"},
+         model_name="mistral-7b-window", instance="g5.2xlarge")
 def test_generated_configurations(options, model_name, instance):
     model = MODEL_CONFIGS[model_name]
     with tempfile.TemporaryDirectory(prefix="lmi-agree-") as root:

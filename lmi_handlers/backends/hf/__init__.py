@@ -1,5 +1,52 @@
 """The ``hf`` backend: transformers models on CPU or CUDA, run by our paged-KV engine (``backend.py``).
 
-Its parts: the tokenizer surface, the paged KV pool and prefix blocks, packed attention, the output projection,
-weight quantization, speculative decoding, and the compiled CPU kernels (``cpu/``).
+Its parts: the options (``options.py``) and load plan (``plan.py``), the tokenizer surface, the paged KV pool and
+prefix blocks, packed attention, the output projection, weight quantization, speculative decoding, and the
+compiled CPU kernels (``cpu/``). This module is what the registry (``backends/registry.py``) reads; it imports
+only the standard library.
 """
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ...config import HandlerConfig
+from ...errors import ConfigError
+from ..base import Backend, check_model_files
+from .options import KEYS
+from .options import HfOptions as Options
+from .plan import plan
+
+__all__ = ["INSTANCE_FAMILIES", "KEYS", "Options", "available", "check_files", "load", "plan"]
+
+#: The machine's own CPU (``lmi serve``) and the GPU families.
+INSTANCE_FAMILIES = ("cpu", "g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en")
+
+
+def available() -> str | None:
+    missing = [name for name in ("torch", "transformers") if importlib.util.find_spec(name) is None]
+    return f"the hf backend needs {' and '.join(missing)}, which this Python lacks" if missing else None
+
+
+def check_files(config: HandlerConfig, options: Options) -> None:
+    """What loading checks in the model's files before the weights: a draft model's tokenizer against the
+    target's, where both are directories here (``lmi validate`` runs this too); raises ``ConfigError``."""
+    draft = options.speculative.draft if options.speculative is not None else None
+    if draft is None or not os.path.isdir(config.model_id) or not os.path.isdir(draft):
+        return
+    from .speculative import check_draft_tokenizer, load_draft_tokenizer
+
+    try:
+        target = load_draft_tokenizer(config.model_id)
+    except ConfigError:
+        return  # no tokenizer beside the target's config: the load names that itself
+    check_draft_tokenizer(config.model_id, draft, target, load_draft_tokenizer(draft))
+
+
+def load(config: HandlerConfig) -> Backend:
+    if not config.properties.get("gguf_file"):  # a GGUF file carries its own config and tokenizer
+        check_model_files(config.model_id)
+    from .backend import HFBackend
+
+    return HFBackend(config)

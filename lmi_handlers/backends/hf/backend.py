@@ -29,22 +29,23 @@ from typing import Any, Sequence
 
 from ...config import ConfigError, HandlerConfig
 from ...sequence import Chunk, SequenceState
-from ..base import split_batch
+from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import build_kernel as build_linear_kernel
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import OPTIONS as CPU_KERNEL_KEYS
-from .cpu.kernels import check_target, parse_kernels
+from .cpu.kernels import check_target
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import build_kernel, decode_reader
 from .cpu.onednn_linear import prepack_linears
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
-from .paged_cache import POOL_KEYS, BlockManager, PoolPlan, make_paged_cache, plan_pool
-from .quantize import model_bytes, parse_method, quantize_weights
+from .options import KEYS, HfOptions
+from .paged_cache import BlockManager, PoolPlan, make_paged_cache
+from .plan import HfPlan, plan, resolve_dtype
+from .quantize import model_bytes, quantize_weights
 from ..sampler import select_tokens
 from .tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
-                          load_draft_tokenizer, parse_options)
+                          load_draft_tokenizer)
 
 logger = logging.getLogger(__name__)
 
@@ -62,21 +63,20 @@ def resolve_device(torch: Any, device: str) -> str:
     return device
 
 
-def resolve_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: Any) -> Any:
-    if dtype == "auto":
-        if device == "cpu":
-            return torch.float32
+def torch_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: Any) -> Any:
+    """The torch dtype ``plan.resolve_dtype`` names (it reads the stored dtype only for ``auto`` off the CPU)."""
+    stored: dict[str, Any] = {}
+    if dtype == "auto" and device != "cpu":
         from transformers import AutoConfig
 
-        stored = getattr(AutoConfig.from_pretrained(model_dir, **source), "torch_dtype", None)
-        return stored if stored in (torch.float16, torch.bfloat16) else torch.float16
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+        stored = AutoConfig.from_pretrained(model_dir, **source).to_dict()
+    name = resolve_dtype(dtype, device, stored)
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def gguf_source(config: HandlerConfig) -> dict[str, str]:
+def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:
     """``option.gguf_file``: a .gguf file in the model directory that transformers reads and dequantizes at load
     (so memory is that of full precision); ``{}`` when unset. Refused with the reason before any loading."""
-    name = str(config.properties.get("gguf_file") or "").strip()
     if not name:
         return {}
     path = Path(config.model_id) / name
@@ -90,28 +90,9 @@ def gguf_source(config: HandlerConfig) -> dict[str, str]:
     return {"gguf_file": name}
 
 
-def model_max_positions(model_config: Any) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = getattr(model_config, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return 2048
-
-
-def kv_bytes_per_token(model_config: Any, element_size: int) -> int:
-    """Bytes of keys and values one token takes across all layers."""
-    config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
-    pick = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), None)  # noqa: E731
-    layers = pick("num_hidden_layers", "n_layer", "num_layers") or 1
-    heads = pick("num_attention_heads", "n_head") or 1
-    kv_heads = pick("num_key_value_heads") or heads
-    head_dim = pick("head_dim") or (pick("hidden_size", "n_embd", "d_model") or heads) // heads
-    return 2 * layers * kv_heads * head_dim * element_size
-
-
 class HFBackend:
     name = "hf"
-    option_keys = POOL_KEYS | SPECULATIVE_KEYS | set(CPU_KERNEL_KEYS) | {"quantize", "gguf_file"}
+    option_keys = KEYS
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -125,18 +106,18 @@ class HFBackend:
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
-        source = gguf_source(config)
-        dtype = resolve_dtype(torch, config.dtype, device, config.model_id, **source)
+        options = HfOptions.from_properties(config.properties)
+        source = gguf_source(config, options.gguf_file)
+        dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
-        quantize = parse_method(config.properties.get("quantize"))
-        kernels = parse_kernels(config.properties)
+        kernels = options.kernels
         check_target(kernels, device, config.dtype)
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
         self.decode_kernel = build_kernel(torch) if kernels.attention == "compiled" else None
         linear_kernel = build_linear_kernel(torch) if kernels.linear == "compiled" else None
-        speculative = parse_options(config.properties)
+        speculative = options.speculative
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
         if speculative is not None and speculative.draft is not None:  # refused before any weights load
             check_draft_tokenizer(config.model_id, speculative.draft, tokenizer,
@@ -149,7 +130,7 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
-        self.quantized = self._quantize(model, quantize)
+        self.quantized = self._quantize(model, options.quantize)
         if kernels.linear == "onednn":
             logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))
         elif linear_kernel is not None:
@@ -159,13 +140,12 @@ class HFBackend:
         self.model = model
         self.device = next(model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
-        self.max_sequence_length = model_max_positions(model.config)
-        if config.max_model_len:
-            self.max_sequence_length = min(self.max_sequence_length, config.max_model_len)
-        self.max_batch_size = max(config.max_rolling_batch_size, config.batch_size)
+        self.plan = self._plan(config, options)
+        self.max_sequence_length = self.plan.max_sequence_length
+        self.max_batch_size = self.plan.batch_size
+        self.pool = self.plan.pool
         self._keep = _logits_keep_argument(model)
         self.cache_keyword = cache_keyword(model)
-        self.pool = self._plan_pool(config, dtype)
         self.runner = self._choose_runner()
         if self.decode_kernel is not None and getattr(self.runner, "decode_kernel", None) is None:
             logger.warning("option.cpu_attention_kernel=compiled has no effect: it serves the packed step, which needs "
@@ -219,21 +199,19 @@ class HFBackend:
     def chunked_prefill(self) -> bool:
         return isinstance(self.runner, PagedRunner)
 
-    def _plan_pool(self, config: HandlerConfig, dtype: Any) -> PoolPlan:
-        window = getattr(self.model.config, "sliding_window", None)
-        if isinstance(window, int) and 0 < window < self.max_sequence_length:
-            # The custom mask is a full causal one: stay within the window so they agree.
-            self.max_sequence_length = window
-        torch = self.torch
-        cuda = None
+    def _plan(self, config: HandlerConfig, options: HfOptions) -> HfPlan:
+        """The load plan (``plan.py``) over the loaded model's config and, on CUDA, the memory its weights left."""
+        torch, memory = self.torch, DeviceMemory("cpu")
         if self.device.type == "cuda":
-            cuda = (torch.cuda.get_device_properties(self.device).total_memory, torch.cuda.memory_allocated(self.device))
-        plan = plan_pool(config.properties, bytes_per_token=kv_bytes_per_token(self.model.config, dtype.itemsize),
-                         max_batch_size=self.max_batch_size, max_sequence_length=self.max_sequence_length,
-                         cuda_memory=cuda)
-        logger.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s", plan.num_blocks,
-                    plan.block_size, plan.tokens, "on" if plan.prefix_caching else "off")
-        return plan
+            memory = DeviceMemory("cuda", torch.cuda.get_device_properties(self.device).total_memory,
+                                  torch.cuda.memory_allocated(self.device))
+        # The dtype the weights loaded in: transformers versions differ in what to_dict() reports for it.
+        model_config = {**self.model.config.to_dict(), "dtype": str(self.model.dtype).removeprefix("torch.")}
+        loaded = plan(config, options, model_config, memory)
+        pool = loaded.pool
+        logger.info("KV cache: %d blocks of %d tokens (%d tokens), prefix caching %s", pool.num_blocks,
+                    pool.block_size, pool.tokens, "on" if pool.prefix_caching else "off")
+        return loaded
 
     def _choose_runner(self) -> "PagedRunner | NativeRunner":
         native = NativeRunner(self)

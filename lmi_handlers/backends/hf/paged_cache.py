@@ -39,6 +39,25 @@ CPU_DEFAULT_BYTES = 4 << 30
 
 
 @dataclass(frozen=True)
+class PoolOptions:
+    """The pool's options as written (None: not set)."""
+
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9
+    enable_prefix_caching: bool = False
+
+    @classmethod
+    def from_properties(cls, props: Mapping[str, Any]) -> "PoolOptions":
+        return cls(block_size=parse_int(props, "block_size", 16, maximum=1024) or 16,
+                   num_gpu_blocks_override=parse_int(props, "num_gpu_blocks_override", None),
+                   kv_cache_memory_bytes=parse_int(props, "kv_cache_memory_bytes", None),
+                   gpu_memory_utilization=parse_float(props, "gpu_memory_utilization", 0.9, 0.0, 1.0),
+                   enable_prefix_caching=parse_bool(props, "enable_prefix_caching", False))
+
+
+@dataclass(frozen=True)
 class PoolPlan:
     num_blocks: int
     block_size: int
@@ -49,29 +68,30 @@ class PoolPlan:
         return self.num_blocks * self.block_size
 
 
-def plan_pool(props: Mapping[str, Any], *, bytes_per_token: int, max_batch_size: int, max_sequence_length: int,
+def plan_pool(options: PoolOptions, *, bytes_per_token: int, max_batch_size: int, max_sequence_length: int,
               cuda_memory: tuple[int, int] | None = None) -> PoolPlan:
     """How many blocks of how many tokens; ``cuda_memory`` is (device total, bytes already in use)."""
-    block_size = parse_int(props, "block_size", 16, maximum=1024) or 16
+    block_size = options.block_size
     block_bytes = bytes_per_token * block_size
     per_sequence = math.ceil(max_sequence_length / block_size)
     enough = per_sequence * max_batch_size  # every row at full length: more blocks could never be used
-    utilization = parse_float(props, "gpu_memory_utilization", 0.9, 0.0, 1.0)
-    budget = parse_int(props, "kv_cache_memory_bytes", None)
+    budget, left = options.kv_cache_memory_bytes, ""
     if budget is None and cuda_memory is not None:
         total, used = cuda_memory
-        budget = int(total * utilization) - used
-    blocks = parse_int(props, "num_gpu_blocks_override", None)
+        budget = int(total * options.gpu_memory_utilization) - used
+        left = f" ({options.gpu_memory_utilization:g} of the device's {total} bytes, less {used} for the weights)"
+    blocks = options.num_gpu_blocks_override
     if blocks is None:
         blocks = min(enough, (budget if budget is not None else CPU_DEFAULT_BYTES) // block_bytes)
     if blocks < per_sequence:
-        source = next((k for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes") if k in props),
-                      "gpu_memory_utilization")
-        raise ConfigError(source, props.get(source, utilization),
+        source = next((k for k in ("num_gpu_blocks_override", "kv_cache_memory_bytes")
+                       if getattr(options, k) is not None), "gpu_memory_utilization")
+        raise ConfigError(source, getattr(options, source),
                           f"the KV cache must hold at least one full-length sequence ({max_sequence_length} tokens = "
                           f"{per_sequence} blocks of {block_size}, {per_sequence * block_bytes} bytes) but this gives "
-                          f"{max(blocks, 0)} blocks; raise it or lower option.max_model_len")
-    return PoolPlan(blocks, block_size, parse_bool(props, "enable_prefix_caching", False))
+                          f"{max(blocks, 0)} blocks{left if source == 'gpu_memory_utilization' else ''}; raise it "
+                          "or lower option.max_model_len")
+    return PoolPlan(blocks, block_size, options.enable_prefix_caching)
 
 
 class BlockManager:

@@ -26,14 +26,14 @@ import os
 import time
 from typing import Any, Sequence
 
-from ...config import NEURONX_KEYS, HandlerConfig
+from ...config import HandlerConfig
 from ...errors import BackendError
 from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from ...sequence import Chunk, SequenceState
 from ..base import split_batch
 from ..hf.tokenizer import HFTokenizer
 from .artifacts import ArtifactStore
-from .options import CompileSettings, NeuronxOptions, plan_compile
+from .options import KEYS, CompileSettings, NeuronxOptions, plan_compile
 from .runners import ContinuousRunner, NaiveRunner
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ class NeuronxBackend:
     """transformers-neuronx on NeuronCores; see the module docstring."""
 
     name = "neuronx"
-    option_keys = NEURONX_KEYS
+    option_keys = KEYS
     kv = None  # the compiled graphs hold one KV row per batch slot
     chunked_prefill = False
 

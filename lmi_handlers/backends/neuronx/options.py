@@ -30,8 +30,17 @@ SERIAL_TYPES = ("gptj", "gpt_neox")
 BOUNDED_TYPES = ("opt", "gpt2", "gptj")
 AMPS = ("f32", "f16", "bf16")
 DTYPE_TO_AMP = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
+AMP_TO_DTYPE = {amp: dtype for dtype, amp in DTYPE_TO_AMP.items()}
 GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
 TORCH_DTYPES = ("float32", "float16", "bfloat16")
+#: The options this backend reads (the names DJLServing's transformers-neuronx handler uses).
+KEYS = frozenset({
+    "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
+    "group_query_attention", "rolling_batch_strategy", "neuron_optimize_level",
+    "enable_mixed_precision_accumulation", "enable_saturate_infinity", "fuse_qkv", "attention_layout",
+    "collectives_layout", "cache_layout", "all_reduce_dtype", "cast_logits_dtype", "amp", "unroll",
+    "low_cpu_mem_usage",
+})
 #: DJL's later default (its v0.29 default of 128 is too small for most prompts).
 MAX_DEFAULT_POSITIONS = 4096
 
@@ -124,6 +133,27 @@ class CompileSettings:
     #: The model's shape: layers, widths, heads, vocabulary (from config.json).
     model_shape: dict[str, Any]
     warnings: tuple[str, ...] = field(default=(), compare=False)
+
+    # What every backend's plan says (``lmi validate`` reads these): dtype, int8 weights, sequence length and the
+    # KV cache's tokens, here static: one full-length row per batch slot.
+    @property
+    def dtype(self) -> str:
+        return AMP_TO_DTYPE[self.amp]
+
+    @property
+    def int8(self) -> bool:
+        return "quant" in self.neuron_config
+
+    @property
+    def max_sequence_length(self) -> int:
+        return self.n_positions
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.batch_size * self.n_positions
+
+    #: Every batch slot holds a full-length KV row (no pool to share).
+    static_kv = True
 
     def manifest(self) -> dict[str, Any]:
         data = asdict(self)

@@ -16,6 +16,7 @@ from fastapi import Request
 
 from lmi_handlers.errors import Cancelled
 
+from ...answers.messages import error_parts
 from ..dispatcher import Chunk, End, PendingRequest, ServedModel
 from ..store import ModelStore
 from .relay import HttpError, started, submit
@@ -159,7 +160,8 @@ def _token(token: dict[str, Any], index: int) -> Token:
 
 
 def error_message(body: str | dict[str, Any]) -> str:
-    """The sentence in any error body a model or the server sends (LMI's ``error``, DJL's ``message``)."""
+    """The sentence in any error body a model or the server sends, by the one rule of ``answers.messages``
+    (the exception type travels on its own in ``HttpError``)."""
     if isinstance(body, str):
         try:
             body = json.loads(body)
@@ -167,7 +169,5 @@ def error_message(body: str | dict[str, Any]) -> str:
             return body.strip() or "the model failed without a message"
     if isinstance(body, list) and body:
         body = body[0]
-    if not isinstance(body, dict):
-        return str(body)
-    message = body.get("error") if isinstance(body.get("error"), str) else body.get("message")
-    return str(message or body)
+    parts = error_parts(body)
+    return parts[1] if parts is not None else str(body)
