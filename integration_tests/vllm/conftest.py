@@ -1,6 +1,6 @@
 """The vllm backend for real: ``lmi serve`` with ``option.rolling_batch=vllm`` on vLLM's CPU build.
 
-These tests run only where vLLM imports (``scripts/test.sh`` builds that environment); elsewhere they are skipped.
+Each test module runs only where vLLM imports (``scripts/test.sh`` builds that environment); elsewhere it is skipped.
 Each server loads vLLM once per module, with the small settings below (one GiB of KV cache, eager mode), since a
 vLLM start takes a minute or more on a small CPU host.
 """
@@ -12,8 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
-pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
 
 #: The engine arguments of every model these tests serve, and of vLLM's own reference answers.
 ENGINE = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True}
@@ -45,3 +43,11 @@ def _generate(model: Path, prompts: list[str], max_tokens: int) -> list[dict]:
                           timeout=READY_TIMEOUT)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Llama with 32-wide attention heads, the narrowest vLLM's CPU attention takes."""
+    from lmi_tools.models.tiny import TinySpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))

@@ -11,6 +11,8 @@ import openai
 import pytest
 from botocore.config import Config
 
+pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
+
 pytestmark = pytest.mark.quality
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, there was a",

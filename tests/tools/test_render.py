@@ -18,7 +18,7 @@ from lmi_tools.modeldir.handler_config import backend_option_keys
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {
-    "hf-dynamic-batch": {"model_id": "org/model", "instance_type": "g5.2xlarge", "batch_size": 4,
+    "hf-dynamic-batch": {"model_id": "org/model", "instance_type": "g5.2xlarge", "backend": "hf", "batch_size": 4,
                          "max_batch_delay": 20, "n_positions": 2048, "dtype": "fp16", "output_formatter": "jsonlines",
                          "max_new_tokens": 64, "trust_remote_code": True, "revision": "main"},
     "neuronx-options": {**BASE, "n_positions": 1024, "quantize": "static_int8", "rolling_batch": True,
@@ -39,7 +39,7 @@ def all_specs() -> list:
 
 
 def test_every_preset_is_listed():
-    assert len(preset_names()) == 9
+    assert len(preset_names()) == 11
 
 
 @pytest.mark.parametrize("spec", all_specs())
@@ -139,7 +139,7 @@ def test_values_that_do_not_fit_a_properties_line_are_refused():
     ({"rolling_batch": True, "batch_size": 4}, "cannot be combined with rolling_batch"),
     ({"instance_type": "g5.12xlarge", "backend": "neuronx"},
      "backend neuronx runs on inf2, trn1, trn1n, trn2 instances; g5.12xlarge is not one"),
-    ({"backend": "vllm"}, "backend: allowed values are auto, neuronx, hf, scripted"),
+    ({"backend": "lmi-dist"}, "backend: allowed values are auto, vllm, neuronx, hf, scripted"),
     ({"quantize": "awq"}, "quantize: Input should be 'static_int8'"),
     ({"dtype": "float8"}, "dtype: Input should be"),
     ({"output_formatter": "xml"}, "output_formatter: allowed values are"),
