@@ -39,5 +39,5 @@ start=$SECONDS
     "typer>=0.29,<0.30" rich fastapi fastapi-offline uvicorn boto3 pydantic aiohttp prometheus-client gguf accelerate
 } > "$VLLM_ENV/setup.log" 2>&1 || { tail -40 "$VLLM_ENV/setup.log"; echo "vllm environment failed" >&2; exit 1; }
 echo "vllm environment ready in $((SECONDS - start)) s"
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_ENV/bin/python" -m pytest -q integration_tests/vllm
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_ENV/bin/python" -m pytest -q tests/vllm integration_tests/vllm
 echo "vllm environment: $((SECONDS - start)) s in all (setup and tests)"

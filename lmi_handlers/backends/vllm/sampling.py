@@ -43,7 +43,7 @@ def vllm_request(seq: SequenceState, eos_ids: Collection[int], *, structured_out
     if not stopping.ignore_eos and eos_ids:
         kwargs["stop_token_ids"] = sorted(eos_ids)
     if sampling.do_sample:
-        kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k or -1, top_p=sampling.top_p,
+        kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                       seed=seq.seed)
     else:
         kwargs["temperature"] = 0.0
