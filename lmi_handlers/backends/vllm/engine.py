@@ -35,8 +35,15 @@ class VllmBackend:
     request_fields = frozenset(EXTRA_FIELDS)
 
     def __init__(self, config: HandlerConfig):
+        import vllm
         from vllm import EngineArgs
-        from vllm.v1.engine.llm_engine import LLMEngine
+
+        try:
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError:
+            raise ConfigError("rolling_batch", "vllm", f"this Python has vLLM {vllm.__version__}, without the V1 "
+                              "engine this backend drives (vLLM 0.8 or later; tested with 0.32); use an LMI image "
+                              "with a newer vLLM, or option.rolling_batch=auto") from None
 
         self.options = Options.from_properties(config.properties)
         accepted = engine_arg_defaults(EngineArgs)
