@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -40,11 +41,13 @@ def vllm_generate():
 
 
 def _generate(model: Path, prompts: list[str], max_tokens: int) -> list[dict]:
-    done = subprocess.run([sys.executable, str(Path(__file__).with_name("reference.py")), str(model),
-                           str(max_tokens), json.dumps(ENGINE)], input=json.dumps(prompts), capture_output=True, text=True,
-                          timeout=READY_TIMEOUT)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "answers.json"
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("reference.py")), str(model),
+                               str(max_tokens), json.dumps(ENGINE), str(out)], input=json.dumps(prompts),
+                              capture_output=True, text=True, timeout=READY_TIMEOUT)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")
