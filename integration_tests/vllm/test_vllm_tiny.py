@@ -41,9 +41,10 @@ def test_a_dynamic_batch_answers_each_request_as_vllm_generates_it(server, vllm_
         thread.start()
     for thread in threads:
         thread.join()
+    # Token ids, not text: the random model emits byte tokens that end mid-character, which vLLM's own detokenizer
+    # keeps back at the end and ours (every backend's) releases as U+FFFD. SmolLM2's texts are compared too.
     for answer, expected in zip(answers, reference):
         assert answer.status_code == 200, answer.text
-        assert answer.json()["generated_text"] == expected["text"]
         assert [t["id"] for t in answer.json()["details"]["tokens"]] == expected["token_ids"]
 
 
@@ -72,7 +73,7 @@ def test_penalties_and_min_p_are_honoured_not_refused(server):
     assert first.status_code == 200 and first.json()["generated_text"] == second.json()["generated_text"]
 
 
-def test_a_request_vllm_refuses_gets_its_own_400(server):
+def test_a_logit_bias_outside_the_vocabulary_gets_its_own_400(server):
     answer = post(server, greedy(PROMPTS[0], logit_bias={"999999": 5}))
-    assert answer.status_code == 400 and "logit_bias" in answer.text
+    assert answer.status_code == 400 and "logit_bias: token id 999999 is not in this model's vocabulary" in answer.text
     assert post(server, greedy(PROMPTS[0])).status_code == 200

@@ -59,6 +59,7 @@ class VllmBackend:
         self.llm = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=True)
         self.tokenizer = _tokenizer(config, self.options)
         self.max_sequence_length = vllm_config.model_config.max_model_len
+        self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
 
     def make_engine(self) -> "VllmLoop":
@@ -98,6 +99,7 @@ class VllmLoop:
 
     def add(self, seq: SequenceState) -> None:
         try:
+            self._check_logit_bias(seq)
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=self.structured_outputs_for(seq),
                                    lora_request=self.lora_request_for(seq))
@@ -106,6 +108,14 @@ class VllmLoop:
             self.refused[seq.uid] = [seq.fail(*_request_error(exc))]
             return
         self.seqs[str(seq.uid)] = seq
+
+    def _check_logit_bias(self, seq: SequenceState) -> None:
+        """vLLM's engine does not check the ids itself (its OpenAI server does): one outside the vocabulary is the
+        client's error."""
+        outside = [token for token, _ in seq.request.sampling.logit_bias or () if token >= self.backend.vocab_size]
+        if outside:
+            raise InvalidRequest(f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to "
+                                 f"{self.backend.vocab_size - 1})", field="logit_bias", value=outside[0])
 
     def cancel(self, seq: SequenceState) -> None:
         """Stop a sequence now (its client went away): vLLM frees its KV blocks."""
@@ -189,6 +199,8 @@ def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float,
 
 def _request_error(exc: Exception) -> tuple[int, str]:
     """(status, message) for a request vLLM refused: its validation errors are the client's (400)."""
+    if isinstance(exc, InvalidRequest):
+        return exc.status, str(exc)
     parameter = getattr(exc, "parameter", None)
     if parameter is not None or isinstance(exc, (ValueError, TypeError)):
         error = InvalidRequest(f"{exc}", field=parameter)
