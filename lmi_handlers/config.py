@@ -31,6 +31,28 @@ DJL_REWRITES = {"tnx": "auto"}
 DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
           "bf16": "bf16", "bfloat16": "bf16"}
 
+
+@dataclass(frozen=True)
+class IntOption:
+    """An integer option's default (None: unset) and range, for the handler and for ``lmi render``'s spec."""
+
+    default: int | None
+    minimum: int = 1
+    maximum: int | None = None
+
+
+#: ``option.dtype``'s values as the handler names them (the spec's choices).
+DTYPE_NAMES = tuple(dict.fromkeys(DTYPES.values()))
+# The handler's integer options: the one place their defaults and ranges are stated.
+INT_OPTIONS = {
+    "max_new_tokens": IntOption(30),
+    "batch_size": IntOption(1, maximum=999),
+    "max_rolling_batch_size": IntOption(32, maximum=999),
+    "max_rolling_batch_prefill_tokens": IntOption(None),
+    "tensor_parallel_degree": IntOption(1),
+    "max_model_len": IntOption(None),
+}
+
 # Keys DJLServing itself (or its Python engine) puts into the init properties.
 SERVER_KEYS = frozenset({
     "engine", "entryPoint", "handler", "model_dir", "device_id", "cluster_size", "job_queue_size",
@@ -79,6 +101,11 @@ def parse_int(props: Mapping[str, Any], key: str, default: int | None, minimum: 
         upper = f" and <= {maximum}" if maximum is not None else ""
         raise ConfigError(key, props[key], f"expected an integer >= {minimum}{upper}")
     return value
+
+
+def _int(props: Mapping[str, Any], key: str) -> Any:
+    option = INT_OPTIONS[key]
+    return parse_int(props, key, option.default, option.minimum, option.maximum)
 
 
 def parse_float(props: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
@@ -161,18 +188,18 @@ class HandlerConfig:
             backend=_backend(props),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
-            max_new_tokens=parse_int(props, "max_new_tokens", 30),
+            max_new_tokens=_int(props, "max_new_tokens"),
             output_formatter=parse_choice(props, "output_formatter", "", OUTPUT_FORMATTERS),
             tgi_compat=parse_bool(props, "tgi_compat", False),
-            batch_size=parse_int(props, "batch_size", 1, maximum=999),
+            batch_size=_int(props, "batch_size"),
             rolling_batch=parse_choice(props, "rolling_batch", "disable", ROLLING_BATCH_MODES),
-            max_rolling_batch_size=parse_int(props, "max_rolling_batch_size", 32, maximum=999),
-            max_rolling_batch_prefill_tokens=parse_int(props, "max_rolling_batch_prefill_tokens", None),
+            max_rolling_batch_size=_int(props, "max_rolling_batch_size"),
+            max_rolling_batch_prefill_tokens=_int(props, "max_rolling_batch_prefill_tokens"),
             enable_chunked_prefill=parse_bool(props, "enable_chunked_prefill", False),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
             tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
-            else parse_int(props, "tensor_parallel_degree", 1),
-            max_model_len=parse_int(props, "max_model_len", None),
+            else _int(props, "tensor_parallel_degree"),
+            max_model_len=_int(props, "max_model_len"),
             limits=RequestLimits(
                 max_prompt_chars=parse_int(props, "max_prompt_chars", RequestLimits.max_prompt_chars),
                 max_prompts_per_request=parse_int(props, "max_prompts_per_request",

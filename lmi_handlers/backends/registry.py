@@ -11,17 +11,16 @@ library:
   settings, its options, the model's ``config.json`` (a mapping) and ``base.DeviceMemory``, which raises the
   ``ConfigError`` loading would raise and returns what it loads with; the plan object has ``dtype``, ``int8``,
   ``max_sequence_length``, ``batch_size``, ``kv_tokens``, ``static_kv`` (every sequence holds a full-length row) and
-  ``warnings``. The backend's load runs the same function
-  and ``lmi validate`` runs it for an instance;
+  ``warnings``. The backend's load runs the same function and ``lmi validate`` runs it for an instance;
 - ``INSTANCE_FAMILIES``: the instance families it runs on (``cpu`` for the local machine, ``base.ANY_FAMILY`` for
   any);
 - ``load(config) -> Backend`` (heavy imports inside);
 
 and, where they differ from the defaults: ``check_files(config, options)`` (what loading checks in the model's
-files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output, ``max_model_len``),
-``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see ``Entry.step_loop``), ``loadable()`` (whether an
-explicit choice can load here, where that is less than what ``auto`` asks) and ``AUTO_FAMILIES`` (the families
-whose LMI image makes ``auto`` pick it, where fewer than ``INSTANCE_FAMILIES``).
+files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output,
+``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see ``Entry.step_loop``),
+``loadable()`` (whether an explicit choice can load here, where that is less than what ``auto`` asks) and
+``AUTO_FAMILIES`` (the families whose LMI image makes ``auto`` pick it, where fewer than ``INSTANCE_FAMILIES``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
 """
@@ -88,7 +87,8 @@ def entry(package: ModuleType, *, auto: bool = True) -> Entry:
     """The table line of a backend package (see the module docstring for what it exports)."""
     return Entry(name=package.__name__.rsplit(".", 1)[-1], options_type=package.Options, keys=frozenset(package.KEYS),
                  available=package.available, instance_families=tuple(package.INSTANCE_FAMILIES), load=package.load,
-                 plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto, needs_model=getattr(package, "NEEDS_MODEL", True),
+                 plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto,
+                 needs_model=getattr(package, "NEEDS_MODEL", True),
                  length_key=getattr(package, "LENGTH_KEY", "max_model_len"),
                  step_loop=getattr(package, "STEP_LOOP", None), loadable=getattr(package, "loadable", None),
                  auto_families=getattr(package, "AUTO_FAMILIES", None))

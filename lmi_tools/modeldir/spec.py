@@ -17,7 +17,7 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmi_handlers.backends.registry import BACKENDS, NAMES, for_instance
-from lmi_handlers.config import HANDLER_KEYS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.config import DTYPE_NAMES, HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
 
 from ..errors import UsageError
 from ..instances import INSTANCES, lookup
@@ -43,6 +43,14 @@ FIELD_OPTIONS = frozenset({
     "entryPoint", "engine", "max_batch_delay",
 })
 OptionValue = Union[bool, int, float, str, list[int]]
+UNSET: Any = object()
+
+
+def handler_field(key: str, default: Any = UNSET) -> Any:
+    """A spec field for the handler's integer ``option.<key>``: its default and range as the handler states them
+    (``lmi_handlers.config.INT_OPTIONS``), or ``default`` where the spec leaves it unset."""
+    option = INT_OPTIONS[key]
+    return Field(option.default if default is UNSET else default, ge=option.minimum, le=option.maximum)
 
 
 class DeploySpec(BaseModel):
@@ -70,18 +78,19 @@ class DeploySpec(BaseModel):
     #: A backend of ``lmi_handlers/backends/registry.py``; ``auto`` is the first that runs on the instance type.
     #: The rendered file names it.
     backend: str = "auto"
-    tensor_parallel_degree: int = Field(1, ge=1)
-    #: Longest prompt + output in tokens: ``option.n_positions`` (neuronx) or ``option.max_model_len`` (hf).
-    n_positions: int | None = Field(None, ge=1)
+    tensor_parallel_degree: int = handler_field("tensor_parallel_degree")
+    #: Longest prompt + output in tokens: the backend's length option (``option.max_model_len``, or
+    #: ``option.n_positions`` on neuronx).
+    n_positions: int | None = handler_field("max_model_len")
     #: Dynamic batching: requests per handler call (not with rolling batch).
-    batch_size: int = Field(1, ge=1, le=999)
+    batch_size: int = handler_field("batch_size")
     #: Milliseconds DJLServing waits to fill a dynamic batch.
     max_batch_delay: int = Field(100, ge=0)
     #: Continuous batching (``option.rolling_batch=scheduler``) with up to ``max_rolling_batch_size`` sequences.
     rolling_batch: bool = False
-    max_rolling_batch_size: int = Field(32, ge=1, le=999)
-    max_rolling_batch_prefill_tokens: int | None = Field(None, ge=1)
-    dtype: Literal["auto", "fp16", "bf16", "fp32"] = "auto"
+    max_rolling_batch_size: int = handler_field("max_rolling_batch_size")
+    max_rolling_batch_prefill_tokens: int | None = handler_field("max_rolling_batch_prefill_tokens")
+    dtype: Literal[DTYPE_NAMES] = "auto"  # type: ignore[valid-type]
     #: int8 weights (neuronx only).
     quantize: Literal["static_int8"] | None = None
     #: Seconds for loading (and, on Neuron, compiling) the model, and for each request or rolling step.
@@ -89,7 +98,8 @@ class DeploySpec(BaseModel):
     predict_timeout: int = Field(240, ge=1)
     #: Response format; unset means per request (stream flag and Accept header).
     output_formatter: str | None = None
-    max_new_tokens: int | None = Field(None, ge=1)
+    #: Unset: the handler's default.
+    max_new_tokens: int | None = handler_field("max_new_tokens", default=None)
     trust_remote_code: bool = False
     revision: str | None = None
     #: Extra ``option.*`` keys (e.g. ``context_length_estimate = [256, 512]``).

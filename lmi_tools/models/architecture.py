@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from lmi_handlers.model_config import DEFAULT_POSITIONS, max_positions, stored_dtype
+
 from ..errors import UsageError
 
 # model_type -> the family whose layout (and parameter formula) it shares.
@@ -23,7 +25,6 @@ FAMILIES = {
 }
 # Families with a learned absolute position table: positions beyond it cannot be encoded at all.
 LEARNED_POSITIONS = {"opt", "gpt2"}
-DTYPE_NAMES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Architecture:
     head_dim: int
     intermediate_size: int
     vocab_size: int
-    #: Longest sequence the model was built for (``max_position_embeddings`` / ``n_positions``).
+    #: Longest sequence the model was built for (``lmi_handlers.model_config.max_positions``).
     max_positions: int
     #: ``config.torch_dtype`` as fp32/fp16/bf16, or None when the config does not say.
     checkpoint_dtype: str | None
@@ -116,9 +117,9 @@ def read_architecture(config: Mapping[str, Any]) -> Architecture:
     hidden, heads = fields["hidden_size"], fields["heads"]
     fields.setdefault("head_dim", config.get("head_dim") or hidden // heads)
     fields.setdefault("kv_heads", heads)
-    dtype = DTYPE_NAMES.get(str(config.get("torch_dtype") or config.get("dtype") or "").replace("torch.", ""))
     return Architecture(model_type=model_type or "unknown", family=family or "llama",
-                        vocab_size=int(_get(config, "vocab_size")), checkpoint_dtype=dtype,
+                        vocab_size=int(_get(config, "vocab_size")), checkpoint_dtype=stored_dtype(config),
+                        max_positions=max_positions(config) or DEFAULT_POSITIONS,
                         estimated=family is None, **fields)
 
 
@@ -132,7 +133,6 @@ def _llama(config: Mapping[str, Any]) -> dict[str, Any]:
         "heads": heads,
         "kv_heads": int(config.get("num_key_value_heads") or heads),
         "intermediate_size": int(_get(config, "intermediate_size")),
-        "max_positions": int(_get(config, "max_position_embeddings")),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", False)),
         "positions": "rope",
         "experts": int(config.get("num_local_experts") or 1),
@@ -148,7 +148,6 @@ def _opt(config: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "layers": int(_get(config, "num_hidden_layers")), "hidden_size": hidden,
         "heads": int(_get(config, "num_attention_heads")), "intermediate_size": int(_get(config, "ffn_dim")),
-        "max_positions": int(_get(config, "max_position_embeddings")),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", True)), "positions": "learned",
         "embed_dim": int(config.get("word_embed_proj_dim") or hidden),
         # OPT has a final LayerNorm only in pre-norm models that keep it.
@@ -162,7 +161,6 @@ def _gpt_style(config: Mapping[str, Any], positions: str, tied: bool) -> dict[st
         "layers": int(_get(config, "n_layer", "num_hidden_layers")), "hidden_size": hidden,
         "heads": int(_get(config, "n_head", "num_attention_heads")),
         "intermediate_size": int(config.get("n_inner") or config.get("intermediate_size") or 4 * hidden),
-        "max_positions": int(_get(config, "n_positions", "max_position_embeddings", "seq_length", default=2048)),
         "tie_word_embeddings": bool(config.get("tie_word_embeddings", tied)), "positions": positions,
     }
 

@@ -160,7 +160,8 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
         return
     report.notes.extend(f"serving.properties: {message}" for message in unknown)
     if family is not None and not BACKENDS[backend].runs_on(family):
-        report.problems.append(f"serving.properties: {BACKENDS[backend].not_on(parse_directives(text)['instance_type'])}")
+        instance = parse_directives(text)["instance_type"]
+        report.problems.append(f"serving.properties: {BACKENDS[backend].not_on(instance)}")
     batching = (f"rolling batch of {config.max_rolling_batch_size}" if config.rolling
                 else f"batch size {config.batch_size}")
     report.notes.append(f"backend {backend}, TP {config.tensor_parallel_degree or 'max'}, {batching}")

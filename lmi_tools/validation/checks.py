@@ -179,10 +179,10 @@ def check_batching(target: Target) -> list[Finding]:
     if config.rolling:
         findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
                                 "sequences per step"))
-        if target.plan is not None and target.plan.batch_size > 1 and not getattr(target.plan, "continuous_batching",
-                                                                                   True):
-            findings.append(Finding("warning", "batching", f"the {target.backend} backend runs {arch.model_type} without "
-                                    "continuous batching (transformers-neuronx has it for few architectures): "
+        plan = target.plan
+        if plan is not None and plan.batch_size > 1 and not getattr(plan, "continuous_batching", True):
+            findings.append(Finding("warning", "batching", f"the {target.backend} backend runs {arch.model_type} "
+                                    "without continuous batching (transformers-neuronx has it for few architectures): "
                                     "sequences cannot join a running batch cheaply",
                                     "use batch_size (dynamic batching) for this model"))
     else:

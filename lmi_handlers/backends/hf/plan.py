@@ -19,15 +19,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...config import HandlerConfig
+from ...model_config import DEFAULT_POSITIONS, kv_shape, max_positions, stored_dtype
 from ..base import DeviceMemory
 from .cpu.kernels import check_target
 from .options import HfOptions
 from .paged_cache import PoolPlan, plan_pool
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
-STORED_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
-#: Positions assumed for a model whose config.json names none.
-DEFAULT_POSITIONS = 2048
 
 
 @dataclass(frozen=True)
@@ -77,20 +75,12 @@ def resolve_dtype(dtype: str, device: str, model_config: Mapping[str, Any]) -> s
         return dtype
     if device == "cpu":
         return "fp32"
-    stored = str(model_config.get("dtype") or model_config.get("torch_dtype") or "").removeprefix("torch.")
-    return STORED_DTYPES.get(stored, "fp16")
-
-
-def max_positions(model_config: Mapping[str, Any]) -> int:
-    for name in ("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length"):
-        value = model_config.get(name)
-        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-            return value
-    return DEFAULT_POSITIONS
+    stored = stored_dtype(model_config)
+    return stored if stored in ("fp16", "bf16") else "fp16"
 
 
 def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> int:
-    length = max_positions(model_config)
+    length = max_positions(model_config) or DEFAULT_POSITIONS
     if config.max_model_len:
         length = min(length, config.max_model_len)
     window = model_config.get("sliding_window")
@@ -100,11 +90,6 @@ def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> i
 
 
 def kv_bytes_per_token(model_config: Mapping[str, Any], element_size: int) -> int:
-    """Bytes of keys and values one token takes across all layers (a composite model's text part)."""
-    text = model_config.get("text_config") or model_config
-    pick = lambda *names: next((text[n] for n in names if text.get(n)), None)  # noqa: E731
-    layers = pick("num_hidden_layers", "n_layer", "num_layers") or 1
-    heads = pick("num_attention_heads", "n_head") or 1
-    kv_heads = pick("num_key_value_heads") or heads
-    head_dim = pick("head_dim") or (pick("hidden_size", "n_embd", "d_model") or heads) // heads
+    """Bytes of keys and values one token takes across all layers."""
+    layers, kv_heads, head_dim = kv_shape(model_config)
     return 2 * layers * kv_heads * head_dim * element_size

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from ...config import HandlerConfig, parse_bool, parse_choice, parse_int
 from ...errors import ConfigError
+from ...model_config import DEFAULT_POSITIONS, max_positions, stored_dtype
 
 #: HF ``model_type`` -> transformers-neuronx class (the library's own auto-class mapping).
 MODEL_CLASSES = {
@@ -224,21 +225,13 @@ def _amp(config: HandlerConfig, options: NeuronxOptions, model: Mapping[str, Any
                           "them")
     if options.amp or from_dtype:
         return options.amp or from_dtype  # type: ignore[return-value]
-    stored = str(model.get("torch_dtype") or model.get("dtype") or "")
-    return "bf16" if stored == "bfloat16" else "f16"  # DJL's default is fp16
-
-
-def _positions_limit(model: Mapping[str, Any]) -> int | None:
-    for key in ("max_position_embeddings", "n_positions"):
-        if isinstance(model.get(key), int):
-            return model[key]
-    return None
+    return "bf16" if stored_dtype(model) == "bf16" else "f16"  # DJL's default is fp16
 
 
 def _n_positions(options: NeuronxOptions, model: Mapping[str, Any], model_type: str) -> int:
-    limit = _positions_limit(model)
+    limit = max_positions(model)
     if options.n_positions is None:
-        return min(limit or 2048, MAX_DEFAULT_POSITIONS)
+        return min(limit or DEFAULT_POSITIONS, MAX_DEFAULT_POSITIONS)
     if model_type in BOUNDED_TYPES and limit is not None and options.n_positions > limit:
         raise ConfigError("n_positions", options.n_positions, f"{model_type} has learned or checked positions up "
                           f"to {limit}; transformers-neuronx refuses more. Use at most {limit}")
@@ -302,7 +295,7 @@ def _check_serial(options: NeuronxOptions, model: Mapping[str, Any], model_type:
 
 
 def _warnings(model: Mapping[str, Any], model_type: str, tp: int, amp: str, n_positions: int, batch: int):
-    limit = _positions_limit(model)
+    limit = max_positions(model)
     if limit is not None and n_positions > limit and model_type not in BOUNDED_TYPES:
         yield f"n_positions={n_positions} exceeds the {limit} positions {model_type} was trained on"
     if model_type == "gpt_neox" and amp != "f32":

@@ -19,7 +19,8 @@ from typing import Any, Mapping
 from ...config import HandlerConfig
 from ...errors import ConfigError
 from ..base import DeviceMemory
-from ..hf.plan import DTYPE_BYTES, kv_bytes_per_token, max_positions, resolve_dtype
+from ...model_config import DEFAULT_POSITIONS, max_positions
+from ..hf.plan import DTYPE_BYTES, kv_bytes_per_token, resolve_dtype
 from .options import Options
 
 #: vLLM's defaults where the options leave them unset.
@@ -54,7 +55,7 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
         raise ConfigError("tensor_parallel_degree", tp, f"vLLM splits the model's {heads} attention heads over the "
                           "GPUs, so the degree must divide them")
     dtype = resolve_dtype(VLLM_DTYPES[options.dtype], device_memory.kind, model_config)
-    length = options.max_model_len or max_positions(model_config)
+    length = options.max_model_len or max_positions(model_config) or DEFAULT_POSITIONS
     batch = options.max_num_seqs or DEFAULT_MAX_NUM_SEQS
     int8 = options.quantization in ("fp8", "int8", "bitsandbytes")
     if device_memory.kind != "cuda" or not device_memory.total:
