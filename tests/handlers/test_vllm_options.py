@@ -1,11 +1,13 @@
 """The vllm backend's options: LMI's names mapped onto vLLM's engine arguments (and the Neuron plugin's
-configuration), pass-through options typed like EngineArgs' fields. Pure: vLLM is not needed."""
+configuration), pass-through options typed like EngineArgs' fields, and the plan lmi validate runs. Pure: vLLM is
+not needed."""
 
 from dataclasses import dataclass, field
 
 import pytest
 
 from lmi_handlers.backends import vllm as vllm_backend
+from lmi_handlers.backends.base import DeviceMemory
 from lmi_handlers.backends.registry import choose, for_instance, load_backend
 from lmi_handlers.backends.vllm.options import Options, engine_arg_defaults, neuron_config
 from lmi_handlers.config import HandlerConfig, check_unknown_keys
@@ -133,3 +135,30 @@ def test_explicit_vllm_without_vllm_fails_the_init_call_clearly(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ConfigError, match="this backend needs vLLM"):
         load_backend(HandlerConfig.from_properties({"rolling_batch": "vllm"}))
+
+
+LLAMA_13B = {"num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40, "hidden_size": 5120,
+             "max_position_embeddings": 4096, "torch_dtype": "float16"}
+
+
+def vllm_plan(props, memory):
+    config = HandlerConfig.from_properties({"rolling_batch": "vllm", **props})
+    return vllm_backend.plan(config, Options.from_properties(config.properties), LLAMA_13B, memory)
+
+
+def test_plan_sizes_the_kv_cache_per_gpu_from_gpu_memory_utilization():
+    gib = 2**30
+    plan = vllm_plan({"tensor_parallel_degree": "4", "max_rolling_batch_size": "32"},
+                     DeviceMemory("cuda", 24 * gib, used=6 * gib))
+    per_token = 2 * 40 * 10 * 128 * 2  # keys and values of 10 of the 40 heads per GPU, fp16
+    assert plan.kv_tokens == (int(24 * gib * 0.9) - 6 * gib) // per_token and plan.dtype == "fp16"
+    assert (plan.max_sequence_length, plan.batch_size) == (4096, 32)
+
+
+def test_plan_refuses_what_vllm_would_refuse():
+    with pytest.raises(ConfigError) as heads:
+        vllm_plan({"tensor_parallel_degree": "3"}, DeviceMemory("cuda", 24 * 2**30))
+    assert heads.value.key == "tensor_parallel_degree" and "40 attention heads" in str(heads.value)
+    with pytest.raises(ConfigError) as memory:
+        vllm_plan({"gpu_memory_utilization": "0.3"}, DeviceMemory("cuda", 24 * 2**30, used=7 * 2**30))
+    assert memory.value.key == "gpu_memory_utilization" and "fewer than one 4096-token sequence" in str(memory.value)
