@@ -160,7 +160,8 @@ class VllmLoop:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
         for seq in seqs:
             self.add(seq)
-        while not all(seq.finished for seq in seqs):
+        # A sequence vLLM refused is finished at once; its error event still has to reach its job.
+        while not all(seq.finished for seq in seqs) or self.refused:
             yield self.step()
 
     def _append(self, seq: SequenceState, output: Any) -> list[Event]:
