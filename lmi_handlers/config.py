@@ -20,12 +20,13 @@ from .schemas import RequestLimits
 logger = logging.getLogger(__name__)
 
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse", "json_chat", "jsonlines_chat", "sse_chat")
-ROLLING_BATCH_MODES = ("disable", "auto", "scheduler")
-# Rolling-batch engines of the built-in LMI handlers; our handler is its own engine.
-LMI_ENGINES = ("vllm", "lmi-dist", "tnx", "trtllm")
+# "vllm" runs the steps in vLLM's engine (the vllm backend); the others in our engine.
+ROLLING_BATCH_MODES = ("disable", "auto", "scheduler", "vllm")
+# Rolling-batch engines of the built-in LMI handlers that this handler does not drive.
+LMI_ENGINES = ("lmi-dist", "tnx", "trtllm")
 # DJLServing's Neuron image rewrites option.rolling_batch=auto to "tnx" before the handler sees it
-# (LmiConfigRecommender, v0.29), so "tnx" can only mean "auto" here. The GPU image's rewrite
-# (lmi-dist/vllm, with MPI mode for lmi-dist) cannot be undone on this side and stays refused.
+# (LmiConfigRecommender, v0.29), so "tnx" can only mean "auto" here. The GPU image's rewrite to lmi-dist (with
+# MPI mode) cannot be undone on this side and stays refused; its rewrite to vllm selects the vllm backend.
 DJL_REWRITES = {"tnx": "auto"}
 DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
           "bf16": "bf16", "bfloat16": "bf16"}
@@ -137,8 +138,8 @@ class HandlerConfig:
     model_dir: str
     #: Local directory (or hub id) of the weights; defaults to the model directory itself.
     model_id: str
-    #: A backend of ``backends/registry.py`` (hf, neuronx, scripted) or ``auto``: the first the registry finds
-    #: available here.
+    #: A backend of ``backends/registry.py`` (vllm, neuronx, hf, scripted) or ``auto``: the first the registry finds
+    #: available here. ``option.rolling_batch=vllm`` selects vllm.
     backend: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -184,7 +185,7 @@ class HandlerConfig:
         config = cls(
             model_dir=model_dir,
             model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
-            backend=parse_choice(props, "backend", "auto", backend_names()),
+            backend=_backend(props),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
             max_new_tokens=_int(props, "max_new_tokens"),
@@ -210,6 +211,17 @@ class HandlerConfig:
                               "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "
                               "set option.rolling_batch=disable or batch_size=1")
         return config
+
+
+def _backend(props: Mapping[str, Any]) -> str:
+    """``option.backend``; ``option.rolling_batch=vllm`` selects vllm, and contradicts any other backend."""
+    backend = parse_choice(props, "backend", "auto", backend_names())
+    if _text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":
+        return backend
+    if backend != "auto":
+        raise ConfigError("backend", props["backend"], "option.rolling_batch=vllm runs vLLM's engine: set "
+                          "option.backend=vllm (or auto), or option.rolling_batch=auto for this backend")
+    return "vllm"
 
 
 def backend_names() -> tuple[str, ...]:

@@ -203,6 +203,8 @@ class Encoder:
         out: dict[str, Any] = {"id": token.id, "text": token.text, "log_prob": token.log_prob}
         if token.special:
             out["special_token"] = True
+        if token.top:
+            out["top_logprobs"] = [{"id": i, "text": text, "log_prob": p} for i, text, p in token.top]
         return out
 
     def _details(self, result: GenerationResult, with_tokens: bool) -> dict[str, Any]:
@@ -225,7 +227,8 @@ class Encoder:
     def _logprobs(self, tokens: tuple[Token, ...] | list[Token]) -> dict[str, Any] | None:
         if not self.request.details:
             return None
-        return {"content": [{"token": t.text, "logprob": t.log_prob, "top_logprobs": []} for t in tokens]}
+        return {"content": [{"token": t.text, "logprob": t.log_prob,
+                             "top_logprobs": [{"token": text, "logprob": p} for _, text, p in t.top]} for t in tokens]}
 
     def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
         """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""

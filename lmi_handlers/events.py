@@ -26,6 +26,8 @@ class Token:
     text: str
     log_prob: float
     special: bool = False
+    #: The most likely alternatives as (id, text, log probability), when the request asked for ``top_logprobs``.
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
-from .backends import load_backend
+from .backends import BACKENDS, load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
 from .structured.tools import ToolOptions
@@ -49,8 +49,13 @@ class Handler:
         options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
-        self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
-        self.engine.scheduler.max_adapters = options.max_loras
+        # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
+        step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
+        if step_loop is not None:
+            self.engine = step_loop(backend)
+        else:
+            self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
+            self.engine.scheduler.max_adapters = options.max_loras
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True
 

@@ -102,6 +102,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     seqs, encoders = [], []
     for request, adapter in zip(payload.requests, chosen):
         request = _structured(request, config, backend)
+        _check_supported(request, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
@@ -127,6 +128,17 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
         return request
     tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties))
     return dataclasses.replace(request, tools=tools)
+
+
+def _check_supported(request: GenerationRequest, backend: Backend) -> None:
+    """Refuse the sampling fields this backend does not honour (``Backend.request_fields``), naming the field as the
+    client wrote it, rather than answer as if it had been applied."""
+    honoured = getattr(backend, "request_fields", frozenset())
+    for name, value in request.sampling.extras().items():
+        if name not in honoured:
+            field = name if request.schema is Schema.CHAT else f"parameters.{name}"
+            raise invalid_field(field, value, f"not supported by the {backend.name} backend (the vllm backend, "
+                                "option.rolling_batch=vllm, supports it); omit it")
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:

@@ -30,13 +30,15 @@ __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "S
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos",
-                  "ignore_eos_token", *structured.GUIDED_FIELDS)
+                  "ignore_eos_token", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs",
+                  *structured.GUIDED_FIELDS)
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                "stop", "seed", "stream", "stream_options", "n", "logprobs", "top_logprobs",
-               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user",
-               "response_format", "tools", "tool_choice", "parallel_tool_calls", *structured.GUIDED_FIELDS)
+               "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user", "min_p",
+               "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls", *structured.GUIDED_FIELDS)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
-SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed")
+SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "min_p",
+                   "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
 
 
 def decode_body(body: bytes | bytearray | None, content_type: str | None,
@@ -218,13 +220,6 @@ def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
     n = data.get("n")
     if n is not None and (type(n) is not int or n != 1):
         raise invalid_field("n", n, "only n=1 is supported")
-    for name in ("frequency_penalty", "presence_penalty"):
-        if data.get(name) is not None and (isinstance(data[name], bool) or data[name] != 0):
-            raise invalid_field(name, data[name], "not supported by this model server; omit it or send 0")
-    top_logprobs = data.get("top_logprobs")
-    if top_logprobs is not None and (type(top_logprobs) is not int or top_logprobs != 0):
-        raise invalid_field("top_logprobs", top_logprobs, "only 0 is supported: logprobs=true gives each chosen "
-                                                          "token's log probability, without alternatives")
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise invalid_field(name, data[name], "expected a string")

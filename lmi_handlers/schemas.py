@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
+MAX_LOGIT_BIAS = 300
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,9 @@ class Rule:
             return "expected true or false"
         if self.kind is tuple:
             return f"expected a non-empty string or a list of at most {MAX_STOP_SEQUENCES} non-empty strings"
+        if self.kind is dict:
+            return (f"expected an object of at most {MAX_LOGIT_BIAS} token ids (as strings) to numbers in "
+                    f"[{self.low:g}, {self.high:g}]")
         if self.kind is int:
             upper = f" and <= {self.high}" if self.high is not None else ""
             return f"expected an integer >= {self.low}{upper}" if self.low is not None else "expected an integer"
@@ -59,6 +64,8 @@ class Rule:
                     isinstance(s, str) and s for s in stops):
                 return tuple(stops)
             raise invalid_field(name, value, self.allowed)
+        if self.kind is dict:
+            return self._token_map(name, value)
         if isinstance(value, bool) != (self.kind is bool) or not isinstance(value, (bool, int, float)):
             raise invalid_field(name, value, self.allowed)
         if self.kind is int and not isinstance(value, int):
@@ -66,6 +73,18 @@ class Rule:
         if self.kind is not bool and not self._in_range(value):
             raise invalid_field(name, value, self.allowed)
         return float(value) if self.kind is float else value
+
+    def _token_map(self, name: str, value: Any) -> tuple[tuple[int, float], ...]:
+        """``{"token id": number}`` as sorted (id, number) pairs."""
+        if not isinstance(value, dict) or len(value) > MAX_LOGIT_BIAS:
+            raise invalid_field(name, value, self.allowed)
+        pairs = []
+        for key, bias in value.items():
+            if not (isinstance(key, str) and key.isdigit()) or isinstance(bias, bool) or not isinstance(
+                    bias, (int, float)) or not self._in_range(bias):
+                raise invalid_field(f"{name}.{key}", bias, self.allowed)
+            pairs.append((int(key), float(bias)))
+        return tuple(sorted(pairs))
 
     def _in_range(self, value: float) -> bool:
         try:
@@ -114,15 +133,39 @@ class SamplingParams:
     repetition_penalty: float = ruled(1.0, Rule(float, low=0, low_open=True))
     #: Seeds the request's own random generator, so that the same seed samples the same tokens.
     seed: int | None = ruled(None, Rule(int, low=0, high=MAX_SEED))
+    # The fields below are honoured by the backends that list them in ``request_fields`` (vllm); the others
+    # refuse a request that sets one (``job.py``). None, or the value that means "off", is "not set".
+    #: Drop tokens whose probability is below min_p times the most likely token's.
+    min_p: float | None = ruled(None, Rule(float, low=0, high=1))
+    #: Subtracted from the logit of every token already generated (OpenAI's meaning), in [-2, 2].
+    presence_penalty: float | None = ruled(None, Rule(float, low=-2, high=2))
+    #: Subtracted once per earlier occurrence of a token in the generated text, in [-2, 2].
+    frequency_penalty: float | None = ruled(None, Rule(float, low=-2, high=2))
+    #: Added to the logits of the given token ids before sampling ({"token id": bias in [-100, 100]}).
+    logit_bias: tuple[tuple[int, float], ...] | None = ruled(None, Rule(dict, low=-100, high=100))
+    #: How many most likely alternatives to report beside each generated token (with ``details``/``logprobs``).
+    top_logprobs: int | None = ruled(None, Rule(int, low=0, high=MAX_TOP_LOGPROBS))
 
     def __post_init__(self) -> None:
         if self.temperature == 0:  # greedy, as OpenAI and vLLM read it
             object.__setattr__(self, "do_sample", False)
             object.__setattr__(self, "temperature", 1.0)
+        for name, off in OFF_VALUES.items():
+            if getattr(self, name) == off:
+                object.__setattr__(self, name, None)
+
+    def extras(self) -> dict[str, Any]:
+        """The fields only some backends honour, those this request sets."""
+        return {name: getattr(self, name) for name in OFF_VALUES if getattr(self, name) is not None}
 
     @property
     def greedy(self) -> bool:
         return not self.do_sample
+
+
+#: The backend-specific sampling fields and the value of each that means "off" (the same as not sent).
+OFF_VALUES: dict[str, Any] = {"min_p": 0.0, "presence_penalty": 0.0, "frequency_penalty": 0.0, "logit_bias": (),
+                              "top_logprobs": 0}
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ class SequenceState:
         self.adapter: Any = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
+        self._decode = decode
         self._detokenizer = IncrementalDetokenizer(decode, self.prompt_ids)
         self._stops = StopMatcher(request.stopping.stop)
 
@@ -66,8 +67,9 @@ class SequenceState:
             return self.generated[start - prompt:end - prompt]
         return self.prompt_ids[start:end] + self.generated[:max(0, end - prompt)]
 
-    def append(self, token_id: int, log_prob: float) -> list[Event]:
-        """Record the next generated token; returns its ``TokenEvent``, plus the result if it was the last."""
+    def append(self, token_id: int, log_prob: float, top: Sequence[tuple[int, float]] = ()) -> list[Event]:
+        """Record the next generated token (and ``top``, the most likely alternatives as (id, log probability));
+        returns its ``TokenEvent``, plus the result if it was the last."""
         assert not self.finished, "token appended to a finished sequence"
         self.generated.append(token_id)
         is_eos = token_id in self._eos_ids and not self.request.stopping.ignore_eos
@@ -84,7 +86,8 @@ class SequenceState:
             tail, stopped = self._stops.feed(self._detokenizer.flush())
             released += tail if stopped else tail + self._stops.flush()
             reason = FinishReason.STOP if stopped else reason
-        token = Token(token_id, released, log_prob, special=token_id in self._special_ids)
+        token = Token(token_id, released, log_prob, special=token_id in self._special_ids,
+                      top=tuple((i, self._decode([i]), p) for i, p in top))
         self.tokens.append(token)
         self.text += released
         events: list[Event] = [TokenEvent(token, len(self.generated))]

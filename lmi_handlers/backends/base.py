@@ -9,6 +9,13 @@ A backend with a paged KV pool exposes it as ``kv`` (``paged_cache.BlockManager`
 blocks, preemption, prefix reuse) and may take chunks that start mid-prompt (``chunked_prefill``);
 one without (``kv = None``) holds one slot per sequence and always gets whole prompts from 0.
 
+A backend whose engine brings its own scheduler and step loop (vllm, ``STEP_LOOP`` in the registry) has
+``make_engine()``, which returns an object with ``engine.Engine``'s surface (``add``, ``cancel``, ``reset``,
+``idle``, ``step``, ``run``, ``stats``); the handler runs that instead of our engine, and ``step`` below is never
+called. A backend that honours
+sampling fields beyond the common ones lists them in ``request_fields`` (``schemas.OFF_VALUES`` names them); the
+others refuse a request that sets one.
+
 ``DeviceMemory`` is what a backend's load plan (``plan`` in its package, see ``registry.py``) is told about the
 device: the runtime measures it after the weights load, ``lmi validate`` states it for an instance.
 """

@@ -18,21 +18,27 @@ library:
 
 and, where they differ from the defaults: ``check_files(config, options)`` (what loading checks in the model's
 files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output,
-``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size) and ``STEP_LOOP`` (see ``Entry.step_loop``).
+``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see ``Entry.step_loop``),
+``loadable()`` (whether an explicit choice can load here, where that is less than what ``auto`` asks) and
+``AUTO_FAMILIES`` (the families whose LMI image makes ``auto`` pick it, where fewer than ``INSTANCE_FAMILIES``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
 from ..config import HandlerConfig
 from ..errors import ConfigError
-from . import hf, neuronx, scripted
+from . import hf, neuronx, scripted, vllm
 from .base import ANY_FAMILY, Backend
+
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,10 @@ class Entry:
     #: A backend that schedules by itself (vLLM) names its own step loop here (its package's ``STEP_LOOP``), and the
     #: handler's rolling path runs that loop instead of the engine.
     step_loop: Callable[..., Any] | None = None
+    #: Whether an explicit ``option.backend=<name>`` can load here; None: ``available``.
+    loadable: Callable[[], "str | None"] | None = None
+    #: The instance families on which ``auto`` picks it; None: all of ``instance_families``.
+    auto_families: tuple[str, ...] | None = None
 
     def options(self, props: Mapping[str, Any]) -> Any:
         """Its typed options; raises ``ConfigError``."""
@@ -80,11 +90,12 @@ def entry(package: ModuleType, *, auto: bool = True) -> Entry:
                  plan=getattr(package, "plan", None), check_files=getattr(package, "check_files", None), auto=auto,
                  needs_model=getattr(package, "NEEDS_MODEL", True),
                  length_key=getattr(package, "LENGTH_KEY", "max_model_len"),
-                 step_loop=getattr(package, "STEP_LOOP", None))
+                 step_loop=getattr(package, "STEP_LOOP", None), loadable=getattr(package, "loadable", None),
+                 auto_families=getattr(package, "AUTO_FAMILIES", None))
 
 
 #: Every backend, in the order ``auto`` asks them.
-BACKENDS: dict[str, Entry] = {e.name: e for e in (entry(neuronx), entry(hf), entry(scripted, auto=False))}
+BACKENDS: dict[str, Entry] = {e.name: e for e in (entry(vllm), entry(neuronx), entry(hf), entry(scripted, auto=False))}
 #: What ``option.backend`` allows.
 NAMES = ("auto", *BACKENDS)
 
@@ -97,8 +108,9 @@ def choose(name: str) -> Entry:
     for candidate in (e for e in BACKENDS.values() if e.auto):
         reason = candidate.available()
         if reason is None:
+            logger.info("option.backend=auto: %s%s", candidate.name, f" (not {'; not '.join(reasons)})" if reasons else "")
             return candidate
-        reasons.append(reason)
+        reasons.append(f"{candidate.name}: {reason}")
     raise ConfigError("backend", name, f"no backend can run on this machine: {'; '.join(reasons)}")
 
 
@@ -108,7 +120,7 @@ def for_instance(name: str, family: str) -> Entry:
     if name != "auto":
         return BACKENDS[name]
     for candidate in BACKENDS.values():
-        if candidate.auto and candidate.runs_on(family):
+        if candidate.auto and candidate.runs_on(family) and family in (candidate.auto_families or (family,)):
             return candidate
     raise ConfigError("backend", name, f"no backend runs on {family} instances")
 
@@ -120,7 +132,7 @@ def hosts(family: str) -> list[str]:
 
 def load_backend(config: HandlerConfig) -> Backend:
     chosen = choose(config.backend)
-    reason = chosen.available()
+    reason = (chosen.loadable or chosen.available)()
     if reason is not None:  # refused before any download from the hub
         here = [e.name for e in BACKENDS.values() if e.auto and e.name != chosen.name and e.available() is None]
         hint = f"; to run this model directory here, set option.backend={' or '.join(here)} (or auto)" if here else ""

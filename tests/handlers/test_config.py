@@ -41,16 +41,25 @@ def test_a_hub_id_passes_through(tmp_path):
     ("max_new_tokens", "0", "expected an integer >= 1"),
     ("batch_size", "1000", "expected an integer >= 1 and <= 999"),
     ("rolling_batch", "on", "allowed values are disable, auto, scheduler"),
-    ("rolling_batch", "vllm", "lmi_handlers runs its own continuous batching"),
+    ("rolling_batch", "lmi-dist", "lmi_handlers runs its own continuous batching"),
+    ("backend", "hf", "option.rolling_batch=vllm runs vLLM's engine"),
     ("trust_remote_code", "maybe", "expected true or false"),
     ("output_formatter", "xml", "allowed values are json, jsonlines, sse"),
     ("model_id", "s3://bucket/model/", "downloaded by DJLServing"),
 ])
 def test_bad_values_name_key_value_and_allowed(key, value, allowed):
+    props = {key: value, "rolling_batch": "vllm"} if key == "backend" else {key: value}
     with pytest.raises(ConfigError) as info:
-        HandlerConfig.from_properties({key: value})
+        HandlerConfig.from_properties(props)
     message = str(info.value)
     assert f"option.{key}={value!r}" in message and allowed in message
+
+
+@pytest.mark.parametrize("props", [{"rolling_batch": "vllm"}, {"rolling_batch": "vllm", "backend": "auto"},
+                                   {"rolling_batch": "scheduler", "backend": "vllm"}])
+def test_rolling_batch_vllm_selects_the_vllm_backend(props):
+    config = HandlerConfig.from_properties(props)
+    assert config.backend == "vllm" and config.rolling
 
 
 def test_rolling_batch_with_dynamic_batching_is_refused():

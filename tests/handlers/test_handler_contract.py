@@ -34,6 +34,23 @@ def test_init_call_loads_and_returns_none(tmp_path):
     assert handler.initialized and handler.backend.name == "scripted"
 
 
+@pytest.mark.parametrize("payload, field", [
+    ({"inputs": "hi", "parameters": {"min_p": 0.1}}, "parameters.min_p"),
+    ({"inputs": "hi", "parameters": {"logit_bias": {"5": -100}}}, "parameters.logit_bias"),
+    ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1.5}, "presence_penalty"),
+    ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
+])
+def test_sampling_fields_only_vllm_honours_are_refused_elsewhere(tmp_path, payload, field):
+    out = loaded(tmp_path).handle(request_input(JSON, body(**payload)))
+    assert out.code == 400 and field in content(out) and "not supported by the scripted backend" in content(out)
+
+
+def test_their_off_values_are_accepted_everywhere(tmp_path):
+    payload = {"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 0, "frequency_penalty": 0.0,
+               "top_logprobs": 0, "max_tokens": 2}
+    assert loaded(tmp_path).handle(request_input(JSON, body(**payload))).code == 200
+
+
 def test_later_calls_carry_only_headers(tmp_path):
     handler = loaded(tmp_path, max_new_tokens=5)
     out = handler.handle(request_input(JSON, body(inputs="hi")))

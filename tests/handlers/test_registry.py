@@ -26,10 +26,10 @@ def test_every_package_exports_the_agreed_surface(package):
 
 
 def test_option_backend_allows_what_the_table_has():
-    assert NAMES == ("auto", "neuronx", "hf", "scripted")
-    assert set(BACKENDS) == {"hf", "neuronx", "scripted"}
-    with pytest.raises(ConfigError, match="allowed values are auto, neuronx, hf, scripted"):
-        HandlerConfig.from_properties({"backend": "vllm"})
+    assert NAMES == ("auto", "vllm", "neuronx", "hf", "scripted")
+    assert set(BACKENDS) == {"vllm", "hf", "neuronx", "scripted"}
+    with pytest.raises(ConfigError, match="allowed values are auto, vllm, neuronx, hf, scripted"):
+        HandlerConfig.from_properties({"backend": "lmi-dist"})
 
 
 def test_auto_is_the_first_available_backend_in_the_tables_order():
@@ -40,14 +40,14 @@ def test_auto_is_the_first_available_backend_in_the_tables_order():
 
 def test_auto_on_an_instance_is_the_first_backend_that_runs_there():
     assert for_instance("auto", "inf2").name == "neuronx"
-    assert for_instance("auto", "g5").name == "hf"
+    assert for_instance("auto", "g5").name == "vllm"  # LMI's GPU images ship vLLM
     assert for_instance("auto", "cpu").name == "hf"
     assert for_instance("hf", "inf2").name == "hf"  # a named backend is what it is: validate says it does not fit
     assert not BACKENDS["neuronx"].runs_on("g5") and BACKENDS["scripted"].runs_on("inf2")
 
 
-def test_engine_driven_backends_bring_no_step_loop():
-    assert all(entry.step_loop is None for entry in BACKENDS.values())
+def test_only_vllm_brings_its_own_step_loop():
+    assert [name for name, entry in BACKENDS.items() if entry.step_loop is not None] == ["vllm"]
 
 
 def test_a_backend_that_cannot_run_here_is_refused_naming_the_ones_that_can(tmp_path):

@@ -96,7 +96,10 @@ def test_legacy_inf2_schema():
      "only text parts"),
     ({"messages": [{"role": "user", "content": "x"}], "n": 2}, "n", "only n=1"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -0.5}, "temperature", "number >= 0"),
-    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 1}, "presence_penalty", "not supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "presence_penalty": 3}, "presence_penalty", "[-2, 2]"),
+    ({"inputs": "x", "parameters": {"logit_bias": {"a": 1}}}, "parameters.logit_bias.a", "token ids"),
+    ({"inputs": "x", "parameters": {"logit_bias": {"5": 101}}}, "parameters.logit_bias.5", "[-100, 100]"),
+    ({"inputs": "x", "parameters": {"min_p": 1.5}}, "parameters.min_p", "[0, 1]"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens", "integer >= 1"),
     ({"text": "x", "seq_length": 1}, "seq_length", "integer >= 2"),
     # whitespace is no prompt, and OpenAI's fields keep their JSON types (true is not 1, 5 is not a name)
@@ -108,7 +111,7 @@ def test_legacy_inf2_schema():
      "not only whitespace"),
     ({"messages": [{"role": "user", "content": "x"}], "n": True}, "n", "only n=1"),
     ({"messages": [{"role": "user", "content": "x", "name": 5}]}, "messages[0].name", "expected a string"),
-    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": False}, "top_logprobs", "only 0 is supported"),
+    ({"messages": [{"role": "user", "content": "x"}], "top_logprobs": False}, "top_logprobs", "expected an integer"),
     ({"messages": [{"role": "user", "content": "x"}], "user": 7}, "user", "expected a string"),
     # numbers JSON can carry but no field can hold
     ({"inputs": "x", "parameters": {"temperature": 10 ** 400}}, "parameters.temperature", "number >= 0"),

@@ -18,7 +18,7 @@ from lmi_tools.modeldir.handler_config import backend_option_keys
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {
-    "hf-dynamic-batch": {"model_id": "org/model", "instance_type": "g5.2xlarge", "batch_size": 4,
+    "hf-dynamic-batch": {"model_id": "org/model", "instance_type": "g5.2xlarge", "backend": "hf", "batch_size": 4,
                          "max_batch_delay": 20, "n_positions": 2048, "dtype": "fp16", "output_formatter": "jsonlines",
                          "max_new_tokens": 64, "trust_remote_code": True, "revision": "main"},
     "neuronx-options": {**BASE, "n_positions": 1024, "quantize": "static_int8", "rolling_batch": True,
@@ -39,7 +39,7 @@ def all_specs() -> list:
 
 
 def test_every_preset_is_listed():
-    assert len(preset_names()) == 9
+    assert len(preset_names()) == 11
 
 
 @pytest.mark.parametrize("spec", all_specs())
@@ -52,13 +52,13 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     backend = spec.resolved_backend
     assert config.backend == backend
     assert check_unknown_keys(props, backend_option_keys(backend)) == []
-    if backend != "scripted":
+    if backend not in ("scripted", "vllm"):  # vllm presets set vLLM's own options
         assert check_unknown_keys(props, NEURONX_KEYS) == []
     assert config.tensor_parallel_degree == spec.tensor_parallel_degree
     assert config.rolling == spec.rolling_batch
     assert config.batch_size == (1 if spec.rolling_batch else spec.batch_size)
     if spec.rolling_batch:
-        assert props["rolling_batch"] == "scheduler"
+        assert props["rolling_batch"] == ("vllm" if backend == "vllm" else "scheduler")
         assert config.max_rolling_batch_size == spec.max_rolling_batch_size
     if spec.n_positions:
         assert props[spec.positions_key] == str(spec.n_positions)
@@ -139,7 +139,7 @@ def test_values_that_do_not_fit_a_properties_line_are_refused():
     ({"rolling_batch": True, "batch_size": 4}, "cannot be combined with rolling_batch"),
     ({"instance_type": "g5.12xlarge", "backend": "neuronx"},
      "backend neuronx runs on inf2, trn1, trn1n, trn2 instances; g5.12xlarge is not one"),
-    ({"backend": "vllm"}, "backend: allowed values are auto, neuronx, hf, scripted"),
+    ({"backend": "lmi-dist"}, "backend: allowed values are auto, vllm, neuronx, hf, scripted"),
     ({"quantize": "awq"}, "quantize: Input should be 'static_int8'"),
     ({"dtype": "float8"}, "dtype: Input should be"),
     ({"output_formatter": "xml"}, "output_formatter: allowed values are"),

@@ -238,10 +238,10 @@ def test_backend_must_match_the_hardware(tmp_path):
     props = {**NEURON, "option.backend": "hf"}
     [error] = validate_model_dir(make_dir(tmp_path, props, "inf2.xlarge", LLAMA_2_7B, name="a")).errors
     assert error.message.startswith("backend hf runs on cpu, g4dn, g5") and "inf2.xlarge is not one" in error.message
-    assert error.hint == "use option.backend=neuronx (or auto) on inf2.xlarge"
+    assert error.hint == "use option.backend=vllm or neuronx (or auto) on inf2.xlarge"
     [error] = validate_model_dir(make_dir(tmp_path, NEURON, "g5.2xlarge", LLAMA_2_7B, name="b")).errors
     assert error.message == "backend neuronx runs on inf2, trn1, trn1n, trn2 instances; g5.2xlarge is not one"
-    assert error.hint == "use option.backend=hf (or auto) on g5.2xlarge"
+    assert error.hint == "use option.backend=vllm or hf (or auto) on g5.2xlarge"
 
 
 def test_neuronx_rejects_architectures_without_a_model_class(tmp_path):

@@ -1,0 +1,58 @@
+"""The vllm backend for real: ``lmi serve`` with ``option.rolling_batch=vllm`` on vLLM's CPU build.
+
+Each test module runs only where vLLM imports (``scripts/test.sh`` builds that environment); elsewhere it is skipped.
+Each server loads vLLM once per module, with the small settings below (one GiB of KV cache, eager mode), since a
+vLLM start takes a minute or more on a small CPU host.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+#: The engine arguments of every model these tests serve, and of vLLM's own reference answers.
+ENGINE = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True}
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+os.environ.update({key: os.environ.get(key, value) for key, value in ENV.items()})
+READY_TIMEOUT = 900
+#: serving.properties of every model these tests serve (the same engine arguments as the reference).
+PROPERTIES = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.dtype": "fp32",
+              "option.max_model_len": ENGINE["max_model_len"], "option.max_rolling_batch_size": ENGINE["max_num_seqs"],
+              "option.enforce_eager": "true",
+              # vLLM's start (its engine process, profiling, the KV cache) takes minutes on a small shared CPU.
+              "option.model_loading_timeout": READY_TIMEOUT}
+
+
+@pytest.fixture(scope="session")
+def vllm_properties() -> dict:
+    """serving.properties entries every vllm model directory of these tests starts from."""
+    return dict(PROPERTIES)
+
+
+@pytest.fixture(scope="session")
+def vllm_generate():
+    """``vllm_generate(model_dir, prompts, max_tokens)``: vLLM's own greedy answers (``LLM.generate``), computed in
+    a child process, as ``[{"text", "token_ids"}]``."""
+    return _generate
+
+
+def _generate(model: Path, prompts: list[str], max_tokens: int) -> list[dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "answers.json"
+        done = subprocess.run([sys.executable, str(Path(__file__).with_name("reference.py")), str(model),
+                               str(max_tokens), json.dumps(ENGINE), str(out)], input=json.dumps(prompts),
+                              capture_output=True, text=True, timeout=READY_TIMEOUT)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="session")
+def vllm_tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny random Llama with 32-wide attention heads, the narrowest vLLM's CPU attention takes."""
+    from lmi_tools.models.tiny import TinySpec, build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))

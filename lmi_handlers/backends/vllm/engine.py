@@ -1,0 +1,233 @@
+"""vLLM's engine, driven by the handler: ``VllmBackend`` builds it at the init call, ``VllmLoop`` runs it.
+
+vLLM brings its own scheduler, KV cache and parallelism, so this backend brings its own step loop instead of our
+``Engine``: ``VllmLoop`` has the same surface (``add``, ``cancel``, ``step``, ``run``...). Each ``step`` (one per
+rolling-batch ``handle`` call) takes what vLLM's engine core produced since the last one and feeds each new token
+through its ``SequenceState``, so events, stop sequences and bytes are the same as on our engine. A sequence our
+side finishes first (a stop sequence) is aborted in vLLM; a client that goes away aborts its request.
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import time
+from typing import Any, Iterator, Sequence
+
+from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
+from ...config import HandlerConfig
+from ...errors import ConfigError, InvalidRequest, status_of
+from ...events import Event, FinishReason
+from ...sequence import SequenceState
+from ...structured.vllm import structured_outputs_params
+from ..hf.tokenizer import HFTokenizer
+from .options import KEYS, Options, engine_arg_defaults
+from .sampling import EXTRA_FIELDS, vllm_request
+
+logger = logging.getLogger(__name__)
+STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
+
+
+class VllmBackend:
+    """vLLM's ``LLMEngine`` for the model, with the tokenizer our side detokenizes with."""
+
+    name = "vllm"
+    kv = None
+    chunked_prefill = False
+    request_fields = frozenset(EXTRA_FIELDS)
+    #: Constrained requests go to vLLM's own structured outputs (``structured/vllm.py``).
+    structured_output = True
+
+    def __init__(self, config: HandlerConfig):
+        import vllm
+        from vllm import EngineArgs
+
+        try:
+            from vllm.v1.engine.llm_engine import LLMEngine
+        except ImportError:
+            raise ConfigError("rolling_batch", "vllm", f"this Python has vLLM {vllm.__version__}, without the V1 "
+                              "engine this backend drives (vLLM 0.8 or later; tested with 0.32); use an LMI image "
+                              "with a newer vLLM, or option.rolling_batch=auto") from None
+
+        self.options = Options.from_properties(config.properties)
+        accepted = engine_arg_defaults(EngineArgs)
+        self.option_keys = KEYS | set(accepted)
+        kwargs = self.options.engine_args(config.model_id, accepted)
+        kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        if self.options.tensor_parallel_size is None:
+            kwargs["tensor_parallel_size"] = _device_count()
+        logger.info("vllm: engine arguments %s", kwargs)
+        try:
+            vllm_config = EngineArgs(**kwargs).create_engine_config()
+        except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
+            raise self._refused(exc, kwargs, config) from exc
+        self.llm = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=True)
+        self.tokenizer = _tokenizer(config, self.options)
+        self.max_sequence_length = vllm_config.model_config.max_model_len
+        self.vocab_size = vllm_config.model_config.get_vocab_size()
+        self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
+
+    def make_engine(self) -> "VllmLoop":
+        return VllmLoop(self)
+
+    def load_adapter(self, spec: AdapterSpec) -> AdapterSpec:
+        """vLLM loads an adapter from its folder when a request first names it (``vllm_lora_request``)."""
+        return spec
+
+    def _refused(self, exc: Exception, kwargs: dict[str, Any], config: HandlerConfig) -> ConfigError:
+        """The option behind an engine argument vLLM refused: the one its error names, else every one set."""
+        message = " ".join(str(exc).split())[:600]
+        named = getattr(exc, "parameter", None)
+        candidates = [named] if named in kwargs else sorted((k for k in kwargs if k in message), key=len, reverse=True)
+        if candidates:
+            key = self.options.source(candidates[0])
+            return ConfigError(key, config.properties.get(key, kwargs[candidates[0]]), f"vLLM refused it: {message}")
+        return ConfigError("rolling_batch", "vllm", f"vLLM refused the engine arguments {kwargs}: {message}")
+
+
+class VllmLoop:
+    """The handler's engine when vLLM runs the steps (``Engine``'s surface: ``add``, ``cancel``, ``step``...)."""
+
+    def __init__(self, backend: VllmBackend):
+        self.backend = backend
+        self.llm = backend.llm
+        self.seqs: dict[str, SequenceState] = {}
+        #: Events of requests vLLM refused when they were added, answered at the next step.
+        self.refused: dict[int, list[Event]] = {}
+        self._logged = time.monotonic()
+
+    @property
+    def idle(self) -> bool:
+        return not self.seqs and not self.refused
+
+    def add(self, seq: SequenceState) -> None:
+        try:
+            self._check_logit_bias(seq)
+            request = vllm_request(seq, self.backend.tokenizer.eos_ids,
+                                   structured_outputs=structured_outputs_params(seq.request.constraint),
+                                   lora_request=vllm_lora_request(seq.adapter))
+            self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request)
+        except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
+            self.refused[seq.uid] = [seq.fail(*_request_error(exc))]
+            return
+        self.seqs[str(seq.uid)] = seq
+
+    def _check_logit_bias(self, seq: SequenceState) -> None:
+        """vLLM's engine does not check the ids itself (its OpenAI server does): one outside the vocabulary is the
+        client's error."""
+        outside = [token for token, _ in seq.request.sampling.logit_bias or () if token >= self.backend.vocab_size]
+        if outside:
+            raise InvalidRequest(f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to "
+                                 f"{self.backend.vocab_size - 1})", field="logit_bias", value=outside[0])
+
+    def cancel(self, seq: SequenceState) -> None:
+        """Stop a sequence now (its client went away): vLLM frees its KV blocks."""
+        if self.seqs.pop(str(seq.uid), None) is not None:
+            self.llm.abort_request([str(seq.uid)])
+        self.refused.pop(seq.uid, None)
+        seq.finished = True
+
+    def reset(self) -> None:
+        if self.seqs:
+            self.llm.abort_request(list(self.seqs))
+        for seq in self.seqs.values():
+            seq.finished = True
+        self.seqs, self.refused = {}, {}
+
+    def stats(self) -> dict[str, int | float]:
+        return {"running": len(self.seqs), "waiting": 0}
+
+    def step(self) -> dict[int, list[Event]]:
+        """What vLLM generated since the last step, as events by sequence uid."""
+        events, self.refused = self.refused, {}
+        if not self.seqs:
+            return events
+        try:
+            outputs = self.llm.step()
+        except Exception as exc:  # noqa: BLE001 - a failed engine step fails its sequences, not the worker
+            logger.exception("vllm step failed for %d sequences", len(self.seqs))
+            code, message = status_of(exc), f"generation failed: {exc}"
+            events.update({seq.uid: [seq.fail(code, message)] for seq in self.seqs.values()})
+            self.reset()
+            return events
+        for output in outputs:
+            seq = self.seqs.get(output.request_id)
+            if seq is not None:
+                events[seq.uid] = self._append(seq, output)
+        if time.monotonic() - self._logged >= STATS_EVERY:
+            self._logged = time.monotonic()
+            logger.info("vllm: %d sequences", len(self.seqs))
+        return events
+
+    def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
+        """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
+        for seq in seqs:
+            self.add(seq)
+        # A sequence vLLM refused is finished at once; its error event still has to reach its job.
+        while not all(seq.finished for seq in seqs) or self.refused:
+            yield self.step()
+
+    def _append(self, seq: SequenceState, output: Any) -> list[Event]:
+        completion = output.outputs[0]
+        top_k = seq.request.sampling.top_logprobs or 0
+        events: list[Event] = []
+        for i, token_id in enumerate(completion.token_ids):
+            log_prob, top = _log_probs(completion.logprobs, i, token_id, top_k)
+            try:
+                events += seq.append(token_id, log_prob, top)
+            except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
+                logger.exception("detokenizing sequence %d failed", seq.uid)
+                events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
+            if seq.finished:
+                break
+        if not seq.finished and output.finished:
+            # vLLM ended it at a limit of its own (the model length): what was generated is the answer.
+            seq.finished = True
+            events.append(seq.result(FinishReason.LENGTH))
+        if seq.finished:
+            del self.seqs[output.request_id]
+            if not output.finished:  # our side stopped it first (a stop sequence)
+                self.llm.abort_request([output.request_id])
+        return events
+
+
+def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log probability and the ``top_k`` most likely tokens', from vLLM's position ``i``."""
+    if not logprobs:
+        return 0.0, []
+    entries = logprobs[i]
+    chosen = entries.get(token_id)
+    ranked = sorted((entry.rank, tid, float(entry.logprob)) for tid, entry in entries.items() if entry.rank <= top_k)
+    return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
+
+
+def _request_error(exc: Exception) -> tuple[int, str]:
+    """(status, message) for a request vLLM refused: its validation errors are the client's (400)."""
+    if isinstance(exc, InvalidRequest):
+        return exc.status, str(exc)
+    parameter = getattr(exc, "parameter", None)
+    if parameter is not None or isinstance(exc, (ValueError, TypeError)):
+        error = InvalidRequest(f"{exc}", field=parameter)
+        return error.status, str(error)
+    return status_of(exc), f"{type(exc).__name__}: {exc}"
+
+
+def _tokenizer(config: HandlerConfig, options: Options) -> HFTokenizer:
+    """The model's transformers tokenizer (the one vLLM tokenizes with) and its generation config's EOS ids."""
+    from transformers import AutoTokenizer, GenerationConfig
+
+    common = {"trust_remote_code": options.trust_remote_code, "revision": options.revision}
+    try:
+        generation_config = GenerationConfig.from_pretrained(config.model_id, **common)
+    except OSError:  # no generation_config.json: the tokenizer's EOS alone
+        generation_config = None
+    return HFTokenizer(AutoTokenizer.from_pretrained(config.model_id, **common), generation_config)
+
+
+def _device_count() -> int:
+    """``tensor_parallel_degree=max``: every GPU, else every NeuronCore (two per Inferentia2 device), else 1."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return 2 * len(glob.glob("/dev/neuron[0-9]*")) or 1

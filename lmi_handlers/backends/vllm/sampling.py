@@ -1,0 +1,58 @@
+"""One sequence's request to vLLM: its prompt ids, ``SamplingParams`` and adapter, from our typed request.
+
+vLLM chooses the tokens; everything the client sees (incremental text, stop sequences, EOS, the token budget) is
+still decided by ``SequenceState``, as on every backend, so the same token ids give the same bytes. vLLM is
+therefore asked for token ids only (``detokenize=False``), one delta per step, with the sampled token's log
+probability (the encoders print it on every streamed token), and stops by itself only at EOS and the budget.
+
+Structured output and LoRA adapters arrive as ready-made vLLM objects (``structured_outputs`` for
+``SamplingParams``, ``lora_request`` for ``add_request``) from whoever maps a request's schema or adapter.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Collection
+
+from ...sequence import SequenceState
+
+#: Request fields this backend honours beyond the ones every backend does (``schemas.OFF_VALUES`` names them).
+EXTRA_FIELDS = ("min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
+
+
+@dataclass(frozen=True)
+class VllmRequest:
+    prompt: Any
+    params: Any
+    lora_request: Any = None
+
+
+def vllm_request(seq: SequenceState, eos_ids: Collection[int], *, structured_outputs: Any = None,
+                 lora_request: Any = None) -> VllmRequest:
+    """``seq`` as vLLM's ``add_request`` arguments; vLLM stops by itself at ``eos_ids`` (unless ``ignore_eos``)."""
+    import vllm
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    sampling, stopping = seq.request.sampling, seq.request.stopping
+    kwargs: dict[str, Any] = {
+        "max_tokens": seq.max_new_tokens, "ignore_eos": stopping.ignore_eos,
+        "logprobs": getattr(sampling, "top_logprobs", 0) or 0, "detokenize": False,
+        "output_kind": RequestOutputKind.DELTA, "repetition_penalty": sampling.repetition_penalty,
+    }
+    if not stopping.ignore_eos and eos_ids:
+        kwargs["stop_token_ids"] = sorted(eos_ids)
+    if sampling.do_sample:
+        kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
+                      seed=seq.seed)
+    else:
+        kwargs["temperature"] = 0.0
+    for name in EXTRA_FIELDS[:3]:
+        if getattr(sampling, name, None) is not None:
+            kwargs[name] = getattr(sampling, name)
+    if getattr(sampling, "logit_bias", None):
+        kwargs["logit_bias"] = {int(token): bias for token, bias in sampling.logit_bias}
+    if structured_outputs is not None:
+        kwargs["structured_outputs"] = structured_outputs
+    return VllmRequest(TokensPrompt(prompt_token_ids=list(seq.prompt_ids)), vllm.SamplingParams(**kwargs),
+                       lora_request)
