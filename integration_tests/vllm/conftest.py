@@ -35,16 +35,19 @@ def vllm_properties() -> dict:
 
 @pytest.fixture(scope="session")
 def vllm_generate():
-    """``vllm_generate(model_dir, prompts, max_tokens)``: vLLM's own greedy answers (``LLM.generate``), computed in
-    a child process, as ``[{"text", "token_ids"}]``."""
+    """``vllm_generate(model_dir, prompts, max_tokens, engine=None, lora=None)``: vLLM's own greedy answers
+    (``LLM.generate``, with a LoRA adapter's folder as its ``LoRARequest``), computed in a child process, as
+    ``[{"text", "token_ids"}]``; ``engine`` adds engine arguments."""
     return _generate
 
 
-def _generate(model: Path, prompts: list[str], max_tokens: int) -> list[dict]:
+def _generate(model: Path, prompts: list[str], max_tokens: int, engine: dict | None = None,
+              lora: str | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "answers.json"
         done = subprocess.run([sys.executable, str(Path(__file__).with_name("reference.py")), str(model),
-                               str(max_tokens), json.dumps(ENGINE), str(out)], input=json.dumps(prompts),
+                               str(max_tokens), json.dumps({**ENGINE, **(engine or {})}), str(out),
+                               *([lora] if lora else [])], input=json.dumps(prompts),
                               capture_output=True, text=True, timeout=READY_TIMEOUT)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         return json.loads(out.read_text())

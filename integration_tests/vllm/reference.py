@@ -1,7 +1,8 @@
 """vLLM's own answers for the tests: ``LLM.generate``, greedy, in a process of its own.
 
-Run as ``python reference.py MODEL_DIR MAX_TOKENS ENGINE_ARGS_JSON OUT`` with a JSON list of prompts on stdin;
-writes a JSON list of ``{"text", "token_ids"}`` to OUT (vLLM logs to stdout).
+Run as ``python reference.py MODEL_DIR MAX_TOKENS ENGINE_ARGS_JSON OUT [LORA_DIR]`` with a JSON list of prompts on
+stdin; writes a JSON list of ``{"text", "token_ids"}`` to OUT (vLLM logs to stdout). With LORA_DIR every prompt runs
+with that LoRA adapter (``LoRARequest``), the engine arguments enabling LoRA.
 """
 
 import json
@@ -11,9 +12,15 @@ def main() -> None:
     from vllm import LLM, SamplingParams
 
     model, max_tokens, engine, out = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), sys.argv[4]
+    lora = None
+    if len(sys.argv) > 5:
+        from vllm.lora.request import LoRARequest
+
+        lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=sys.argv[5])
     prompts = json.load(sys.stdin)
     llm = LLM(model=model, **engine)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False,
+                           lora_request=lora)
     with open(out, "w") as file:
         json.dump([{"text": o.outputs[0].text, "token_ids": list(o.outputs[0].token_ids)} for o in outputs], file)
 
