@@ -24,8 +24,11 @@ def lmi(*args):
 def test_unpacked_artifact_answers_like_its_source(serve, tiny_model_dir, tmp_path):
     source = tmp_path / "source"
     shutil.copytree(tiny_model_dir, source)  # weights inside the directory: the artifact is self-contained
+    # stock kernels: the artifact must answer bit for bit like its source (auto's compiled kernels are built once per
+    # source folder, and the vendored copy builds its own)
     (source / "serving.properties").write_text("engine=Python\noption.rolling_batch=scheduler\n"
-                                               "option.max_new_tokens=12\n")
+                                               "option.max_new_tokens=12\noption.cpu_linear_kernel=stock\n"
+                                               "option.cpu_attention_kernel=torch\n")
     (source / "model.py").write_text(MODEL_PY)
     packaged = lmi("package", source, "-o", tmp_path / "model.tar.gz", "--instance", "g5.xlarge")
     assert packaged.returncode == 0, packaged.stderr

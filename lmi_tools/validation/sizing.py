@@ -19,12 +19,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from lmi_handlers.backends.hf.plan import DTYPE_BYTES
 from lmi_handlers.backends.neuronx.options import SERIAL_TYPES
 
 from ..models.architecture import Architecture
 
 GIB = 1024**3
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)

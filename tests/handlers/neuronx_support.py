@@ -132,6 +132,7 @@ def run_rolling(handler: Handler, arrivals: dict[int, list[tuple[str, int]]]) ->
     that join at that step. Returns the token ids of every request, in arrival order."""
     active: list[tuple[int, RollingRequest]] = []
     results: dict[int, list[int]] = {}
+    pieces: dict[int, str] = {}  # a JSON answer comes in pieces, one per step, as DJL's json formatter sends it
     order = 0
     for step in range(1000):
         for prompt, max_new in arrivals.get(step, []):
@@ -146,8 +147,9 @@ def run_rolling(handler: Handler, arrivals: dict[int, list[tuple[str, int]]]) ->
             item = binary_decode(bytes(out.content.value_at(i)))
             request.started = True
             assert "error" not in item, item
+            pieces[index] = pieces.get(index, "") + item["data"]
             if item["last"] == "True":
-                results[index] = [t["id"] for t in json.loads(item["data"])["details"]["tokens"]]
+                results[index] = [t["id"] for t in json.loads(pieces[index])["details"]["tokens"]]
             else:
                 still.append((index, request))
         active = still

@@ -17,7 +17,8 @@ CPU = {"device": "cpu", "rolling_batch": "scheduler", "max_rolling_batch_size": 
 
 
 def model_dir(root: Path, weights: Path, options: dict[str, str]) -> Path:
-    lines = ["engine=Python", "option.entryPoint=lmi_handlers.entrypoint", f"option.model_id={weights}"]
+    lines = ["engine=Python", "option.entryPoint=lmi_handlers.entrypoint", f"option.model_id={weights}",
+             "option.backend=hf"]  # auto would be vllm on a g5
     (root / "serving.properties").write_text("\n".join(lines + [f"option.{k}={v}" for k, v in options.items()]))
     return root
 

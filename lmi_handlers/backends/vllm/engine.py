@@ -41,6 +41,7 @@ class VllmBackend:
     def __init__(self, config: HandlerConfig):
         import vllm
         from vllm import EngineArgs
+        from vllm.config import StructuredOutputsConfig
 
         try:
             from vllm.v1.engine.llm_engine import LLMEngine
@@ -54,6 +55,11 @@ class VllmBackend:
         self.option_keys = KEYS | set(accepted)
         kwargs = self.options.engine_args(config.model_id, accepted)
         kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        # vLLM reads "no free whitespace in JSON" from its engine config, not from a request's parameters: compact
+        # JSON by default, as on the hf engine (a request's whitespace_pattern still allows some), through the same
+        # grammar library (llguidance: vLLM's "guidance" backend).
+        kwargs.setdefault("structured_outputs_config",
+                          StructuredOutputsConfig(backend="guidance", disable_any_whitespace=True))
         if self.options.tensor_parallel_size is None:
             kwargs["tensor_parallel_size"] = _device_count()
         logger.info("vllm: engine arguments %s", kwargs)
