@@ -572,9 +572,8 @@ class PagedRunner:
             finally:
                 self.reset()
         # A wrong position, mask or slot moves logits by about their own size. Rounding moves them by a share of the
-        # largest that grows with the depth and the dtype's precision: bf16 keeps 8 bits, and the two paths part by
-        # 1.2% of it over 8 layers of width 1024 on a CPU, by 5% over Llama-3-8B's shape on an H100 (docs/gpu.md), so
-        # 16-bit types get 16 of their epsilons (bf16: 12.5%).
+        # largest that grows with the depth and the dtype's precision (bf16 keeps 8 bits; the margins measured are in
+        # docs/gpu.md), so 16-bit types get 16 of their epsilons (bf16: 12.5%).
         relative = max(0.02, 16 * self.torch.finfo(self.attend.dtype).eps)
         worst = 0.0  # the largest logit difference, as a share of the one allowed
         for step, rows in enumerate(got):
