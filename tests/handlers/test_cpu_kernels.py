@@ -203,3 +203,24 @@ def test_wide_rows_go_through_torchs_product_on_the_stock_weights(kind):
         assert torch.equal(model(wide), torch.nn.functional.linear(wide, layer.weight, layer.bias))
         narrow = wide[:1, :WIDE_ROWS - 1]  # decode's few rows: the prepacked kernel, the same product to rounding
         assert torch.allclose(model(narrow), torch.nn.functional.linear(narrow, layer.weight, layer.bias), atol=1e-5)
+
+
+def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
+    """torch's ``lock`` file stays behind when a build is killed; the next load removes it instead of waiting."""
+    import torch
+    from torch.utils.cpp_extension import _get_build_directory
+
+    from lmi_handlers.backends.hf.cpu import decode_attention
+    from lmi_handlers.backends.hf.cpu.kernels import environment_key
+
+    decode_attention.build_kernel(torch)  # built (or found built) first, so the second load only checks and imports
+    capability = torch.backends.cpu.get_cpu_capability().lower()
+    folder = Path(_get_build_directory(f"lmi_decode_attention_{capability}_{environment_key(torch)}", False))
+    (folder / "lock").touch()
+    script = "import torch; from lmi_handlers.backends.hf.cpu import decode_attention; " \
+             "print(decode_attention.build_kernel(torch).__name__)"
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert done.returncode == 0, done.stderr
+    assert "decode_attention" in done.stdout and "left by a kernel build that did not finish" in done.stderr
+    assert not (folder / "lock").exists()

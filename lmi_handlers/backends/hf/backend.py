@@ -151,7 +151,7 @@ class HFBackend:
             logger.info("output projection: %d vocabulary rows at a time", SLICE)
         self.model = model
         self.device = next(model.parameters()).device
-        self.lora_rows = LoraRows(torch, self.device)
+        self.lora_rows = LoraRows(torch, self.device, next(model.parameters()).dtype)
         self.tokenizer = HFTokenizer(tokenizer, getattr(model, "generation_config", None))
         self.plan = self._plan(config, options)
         self.max_sequence_length = self.plan.max_sequence_length

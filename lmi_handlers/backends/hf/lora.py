@@ -4,9 +4,10 @@ An adapter's weights (peft's ``adapter_model.safetensors`` or ``.bin``) load int
 module, ``A`` (``[rank, in]``), ``B`` (``[out, rank]``) and the scaling. The first adapter that adapts a module
 wraps it (``LoraLinear``); the base weights are never merged or changed. Before each forward the runner says
 which tokens belong to which adapter (``LoraRows.select``: runs of consecutive tokens, as the forward lays them
-out); a wrapped module then adds ``B(A(x)) * scaling`` to the outputs of each adapter's tokens, exactly as
-peft's ``lora.Linear`` does, and leaves base-model tokens as the base module computed them. A batch without
-adapters runs the base modules alone.
+out); a wrapped module then adds ``B(A(x)) * scaling`` to the outputs of each adapter's tokens, in the order
+peft's ``lora.Linear`` does, and zero to base-model tokens. A batch with several adapters does this in two
+products per module for all its tokens (``LoraRows``), not one per adapter. A batch without adapters runs the
+base modules alone.
 
 Refused at registration, naming the adapter: a target that is not a linear layer of the decoder (embeddings,
 the output projection), a module the model does not have, or shapes that do not match the model (an adapter
@@ -36,15 +37,28 @@ class LoraWeights:
 
     modules: dict[str, tuple[Any, Any, float]] = field(default_factory=dict)
     bytes: int = 0
+    rank: int = 0
+    scaling: float = 1.0
 
 
 class LoraRows:
-    """Which tokens of the current forward belong to which adapter; shared by every wrapped module."""
+    """Which tokens of the current forward belong to which adapter; shared by every wrapped module.
 
-    def __init__(self, torch: Any, device: Any):
-        self.torch, self.device = torch, device
-        #: (weights, token indices into the flattened batch, or None for every token)
-        self.groups: tuple[tuple[LoraWeights, Any], ...] = ()
+    A forward whose tokens all belong to one adapter applies that adapter's factors as they are. Otherwise the
+    factors of the batch's distinct adapters are concatenated along the rank, so that every module does two
+    products for the whole batch however many adapters it holds: ``x @ A_cat^T``, masked to the columns of each
+    token's own adapter, then ``@ B_cat^T`` and each token's scaling. Base-model tokens mask every column and add
+    zero. The concatenations are kept for the last few sets of adapters (``KEEP``), since a busy batch keeps its
+    set for many steps.
+    """
+
+    KEEP = 4
+
+    def __init__(self, torch: Any, device: Any, dtype: Any):
+        self.torch, self.device, self.dtype = torch, device, dtype
+        #: The adapter of every token (uniform) or the batch's adapters with the tokens' masks; None for the base.
+        self.current: LoraBatch | None = None
+        self._stacks: dict[tuple[int, ...], dict[str, Any]] = {}
 
     @contextlib.contextmanager
     def select(self, adapters: Sequence[Any], lengths: Sequence[int]) -> Iterator[None]:
@@ -54,21 +68,57 @@ class LoraRows:
             yield
             return
         first = adapters[0]
-        if all(a is first for a in adapters):
-            self.groups = ((first.weights, None),)
-        else:
-            indices: dict[int, tuple[Any, list[int]]] = {}
-            offset = 0
-            for adapter, length in zip(adapters, lengths):
-                if adapter is not None:
-                    indices.setdefault(adapter.uid, (adapter.weights, []))[1].extend(range(offset, offset + length))
-                offset += length
-            self.groups = tuple((weights, self.torch.tensor(rows, device=self.device))
-                                for weights, rows in indices.values())
+        self.current = LoraBatch(first.weights) if all(a is first for a in adapters) else \
+            self._mixed(adapters, lengths)
         try:
             yield
         finally:
-            self.groups = ()
+            self.current = None
+
+    def _mixed(self, adapters: Sequence[Any], lengths: Sequence[int]) -> LoraBatch:
+        torch = self.torch
+        distinct = sorted({a.uid: a for a in adapters if a is not None}.values(), key=lambda a: a.uid)
+        position = {a.uid: i for i, a in enumerate(distinct)}
+        base = len(distinct)  # base-model tokens: no column, scaling 0
+        owner = torch.repeat_interleave(torch.tensor([base if a is None else position[a.uid] for a in adapters]),
+                                        torch.tensor(list(lengths)))
+        columns = torch.repeat_interleave(torch.arange(base), torch.tensor([a.spec.rank for a in distinct]))
+        scaling = torch.tensor([a.weights.scaling for a in distinct] + [0.0], dtype=self.dtype)
+        key = tuple(a.uid for a in distinct)
+        stacks = self._stacks.pop(key, None) or {}
+        self._stacks[key] = stacks  # most recent last
+        while len(self._stacks) > self.KEEP:
+            del self._stacks[next(iter(self._stacks))]
+        return LoraBatch(None, [a.weights for a in distinct], stacks,
+                         (owner[:, None] == columns[None, :]).to(self.device),
+                         scaling[owner][:, None].to(self.device))
+
+
+@dataclass
+class LoraBatch:
+    """One forward's adapters: ``uniform`` when every token has that one adapter; else the distinct adapters'
+    weights, their factors concatenated by module (filled as modules ask), each token's column mask ``[tokens,
+    total rank]`` and scaling ``[tokens, 1]``."""
+
+    uniform: LoraWeights | None
+    adapters: list[LoraWeights] = field(default_factory=list)
+    stacks: dict[str, Any] = field(default_factory=dict)
+    mask: Any = None
+    scaling: Any = None
+
+    def stacked(self, torch: Any, name: str) -> tuple[Any, Any] | None:
+        """The module's ``(A_cat, B_cat)`` over the batch's adapters (zeros for one that does not adapt it), or
+        None when none of them adapts it."""
+        if name not in self.stacks:
+            present = [w.modules[name] for w in self.adapters if name in w.modules]
+            if not present:
+                self.stacks[name] = None
+            else:
+                a0, b0, _ = present[0]
+                factors = [w.modules.get(name) or (a0.new_zeros(w.rank, a0.shape[1]), b0.new_zeros(b0.shape[0], w.rank),
+                                                   0.0) for w in self.adapters]
+                self.stacks[name] = (torch.cat([f[0] for f in factors]), torch.cat([f[1] for f in factors], dim=1))
+        return self.stacks[name]
 
 
 def load_lora(torch: Any, model: Any, rows: LoraRows, spec: AdapterSpec) -> LoraWeights:
@@ -85,7 +135,7 @@ def load_lora(torch: Any, model: Any, rows: LoraRows, spec: AdapterSpec) -> Lora
         pairs.setdefault(module, {})[factor] = tensor
     if not pairs:
         raise _refused(spec, "its weights hold no lora_A/lora_B factors")
-    weights = LoraWeights()
+    weights = LoraWeights(rank=spec.rank, scaling=spec.scaling)
     for name, factors in sorted(pairs.items()):
         base = _target(model, spec, name)
         a, b = factors.get("A"), factors.get("B")
@@ -176,22 +226,22 @@ def _linear_class(torch: Any) -> Any:
 
             def forward(self, x: Any) -> Any:
                 out = self.lora_base(x)
-                groups = self.lora_rows.groups
-                if not groups:
+                batch = self.lora_rows.current
+                if batch is None:
                     return out
                 linear = torch.nn.functional.linear
-                for weights, index in groups:
-                    factors = weights.modules.get(self.lora_name)
+                if batch.uniform is not None:
+                    factors = batch.uniform.modules.get(self.lora_name)
                     if factors is None:
-                        continue
+                        return out
                     a, b, scaling = factors
-                    if index is None:
-                        out = out + linear(linear(x, a), b) * scaling
-                    else:
-                        flat = out.reshape(-1, out.shape[-1])
-                        rows = x.reshape(-1, x.shape[-1]).index_select(0, index)
-                        out = flat.index_add(0, index, linear(linear(rows, a), b) * scaling).view(out.shape)
-                return out
+                    return out + linear(linear(x, a), b) * scaling
+                stacked = batch.stacked(torch, self.lora_name)
+                if stacked is None:
+                    return out
+                a, b = stacked
+                low = linear(x.reshape(-1, x.shape[-1]), a).mul_(batch.mask)
+                return out + (linear(low, b) * batch.scaling).view(out.shape)
 
         _LINEAR = LoraLinear
     return _LINEAR

@@ -31,13 +31,14 @@ it; docs/optimizations.md has the figures).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from ....config import ConfigError, parse_choice
 
@@ -192,6 +193,25 @@ def environment_key(torch: Any) -> str:
     return hashlib.sha1(f"{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
 
 
+@contextlib.contextmanager
+def _building_alone(name: str) -> Iterator[None]:
+    """Holds an ``flock`` on the extension's build folder while torch builds or loads it. torch's own ``lock`` file
+    outlives a build that was killed, and then stalls every later load of that extension for ever. An flock dies
+    with its holder, so a ``lock`` found while holding ours was left by a dead build: it is removed."""
+    import fcntl
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    folder = Path(_get_build_directory(name, verbose=False))
+    with open(folder / "lmi.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        left = folder / "lock"
+        if left.exists():
+            logger.warning("removing %s, left by a kernel build that did not finish", left)
+            left.unlink()
+        yield
+
+
 def build(torch: Any, key: str, source: Path) -> Any:
     """The extension module compiled from ``source`` for ``option.<key>=compiled``; ``ConfigError`` naming the option
     when it cannot be built."""
@@ -201,8 +221,9 @@ def build(torch: Any, key: str, source: Path) -> Any:
         capability = torch.backends.cpu.get_cpu_capability()
         # One build folder per capability and environment: a cache shared by two CPUs (or ATEN_CPU_CAPABILITY set),
         # or by two virtual environments with their own torch, keeps every build instead of rebuilding over another.
-        return load(f"lmi_{source.stem}_{capability.lower()}_{environment_key(torch)}", [str(source)],
-                    extra_cflags=["-O3", *CAPABILITY_FLAGS.get(capability, [])])
+        name = f"lmi_{source.stem}_{capability.lower()}_{environment_key(torch)}"
+        with _building_alone(name):
+            return load(name, [str(source)], extra_cflags=["-O3", *CAPABILITY_FLAGS.get(capability, [])])
     except Exception as exc:  # no compiler, no ninja, a failed build: each says so in its message
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise ConfigError(key, "compiled", f"building the kernel failed ({reason}): install a C++ compiler and ninja, "
