@@ -1,5 +1,6 @@
 """LoRA adapters without a model: options, adapter_config.json checks, which adapter a request names, the
-registry's limits, and the mapping onto vLLM's engine arguments and ``LoRARequest`` (the latter where vLLM imports)."""
+registry's limits, one wrapped linear layer's products for a batch of several adapters, and the mapping onto vLLM's
+engine arguments and ``LoRARequest`` (the latter where vLLM imports)."""
 
 from __future__ import annotations
 
@@ -138,3 +139,42 @@ def test_an_adapter_maps_onto_vllms_lora_request():
     assert isinstance(request, lora.LoRARequest)
     assert (request.lora_name, request.lora_int_id, request.lora_path) == ("a1", adapter.uid, adapter.spec.src)
     assert vllm_lora_request(None) is None
+
+
+def test_one_layer_applies_each_tokens_own_adapter_in_a_batch_of_several():
+    """Runs of tokens with two adapters, one that does not adapt this layer, and the base model, in one product:
+    each run equals its adapter applied alone (peft's ``base(x) + B(A(x)) * scaling``), base tokens stay exact."""
+    torch = pytest.importorskip("torch")
+    from lmi_handlers.backends.hf.lora import LoraRows, LoraWeights, _linear_class
+
+    torch.manual_seed(0)
+    base = torch.nn.Linear(8, 6)
+    rows = LoraRows(torch, "cpu", torch.float32)
+    layer = _linear_class(torch)(base, "proj", rows)
+
+    def adapter(rank, scaling, adapts=True):
+        weights = LoraWeights(rank=rank, scaling=scaling)
+        if adapts:
+            weights.modules["proj"] = (torch.randn(rank, 8), torch.randn(6, rank), scaling)
+        return Adapter(AdapterSpec(f"r{rank}", "/src", rank, 1.0, ("proj",)), weights)
+
+    def alone(one, x):
+        if one is None or "proj" not in one.weights.modules:
+            return base(x)
+        a, b, scaling = one.weights.modules["proj"]
+        return base(x) + torch.nn.functional.linear(torch.nn.functional.linear(x, a), b) * scaling
+
+    first, second, elsewhere = adapter(4, 2.0), adapter(2, 0.5), adapter(3, 1.0, adapts=False)
+    runs, lengths = [first, None, second, first, elsewhere], [2, 1, 3, 2, 1]
+    x = torch.randn(1, sum(lengths), 8)
+    with rows.select(runs, lengths):
+        got = layer(x)
+    starts = [sum(lengths[:i]) for i in range(len(runs))]
+    for one, start, length in zip(runs, starts, lengths):
+        if one is None or one is elsewhere:  # the base layer's own output for these tokens, plus an exact zero
+            assert torch.equal(got[:, start:start + length], base(x)[:, start:start + length])
+        else:
+            torch.testing.assert_close(got[:, start:start + length], alone(one, x[:, start:start + length]))
+    with rows.select([second, second], [4, 5]):
+        assert torch.equal(layer(x), alone(second, x))
+    assert torch.equal(layer(x), base(x))  # outside a selection: the base layer alone
