@@ -182,7 +182,9 @@ class CallReader:
             return []
         if self._key == "name" and self._found[-1][0] is None:
             self._found[-1][0] = word
-            return [("call", len(self._found) - 1, word)]
+            index, arguments = len(self._found) - 1, self._found[-1][1]
+            # arguments written before the name (a grammar that does not keep the schema's order) follow it
+            return [("call", index, word)] + ([("arguments", index, arguments)] if arguments else [])
         return []
 
     def _lex(self, ch: str) -> None:

@@ -121,6 +121,7 @@ TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"typ
 @pytest.mark.parametrize("choice, text", [
     ("required", '[{"name":"get_weather","arguments":{"city":"Pa\\"ris, {[it]}"}},{"name":"get_time","arguments":{}}]'),
     ({"type": "function", "function": {"name": "get_weather"}}, '{"city":"Lyon \\u00e9"}'),
+    ("required", '[{"arguments":{"city":"Pa\\"ris, {[it]}"},"name":"get_weather"}]'),  # name last
 ])
 def test_a_forced_call_is_read_as_it_grows_into_the_calls_of_the_whole_answer(choice, text):
     tools = parse_tools({"tools": [WEATHER, TIME], "tool_choice": choice})
