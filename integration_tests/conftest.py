@@ -127,3 +127,25 @@ def serve_module(tmp_path_factory):
     servers = Servers(tmp_path_factory.mktemp("serve"))
     yield servers
     servers.stop()
+
+
+@pytest.fixture(scope="session")
+def streamed_chat():
+    """``streamed_chat(openai_client, **create_kwargs)``: a chat answer streamed and reassembled from its deltas as
+    they came, as ``(calls as [(name, arguments)], how many deltas carried arguments, finish_reason, content)``."""
+    return _streamed_chat
+
+
+def _streamed_chat(client, **kwargs):
+    calls, pieces, finish, content = {}, 0, None, ""
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        choice = chunk.choices[0]
+        finish = choice.finish_reason or finish
+        content += choice.delta.content or ""
+        for delta in choice.delta.tool_calls or []:
+            if delta.id:  # a call's first delta: its id and name
+                calls[delta.index] = {"name": delta.function.name, "arguments": ""}
+            if delta.function.arguments:
+                calls[delta.index]["arguments"] += delta.function.arguments
+                pieces += 1
+    return [(c["name"], c["arguments"]) for _, c in sorted(calls.items())], pieces, finish, content or None

@@ -151,22 +151,29 @@ def _check_call(call, functions):
 
 
 @pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
-def test_forced_tool_calls_always_validate(oai, choice):
+def test_forced_tool_calls_always_validate_and_stream_as_they_are_generated(oai, streamed_chat, choice):
+    kwargs = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=BUDGET,
+                  parallel_tool_calls=False)
+
     def ask(seed, stream):
-        kwargs = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], tool_choice=choice, max_tokens=BUDGET,
-                      parallel_tool_calls=False, **_sampling(seed))
         if not stream:
-            return oai.chat.completions.create(**kwargs).choices[0]
-        with oai.chat.completions.stream(**kwargs) as events:  # the client's own reassembly of the deltas
+            return oai.chat.completions.create(**kwargs, **_sampling(seed)).choices[0]
+        with oai.chat.completions.stream(**kwargs, **_sampling(seed)) as events:  # the client's own reassembly
             return events.get_final_completion().choices[0]
 
-    choices = _all([lambda s=s, st=st: ask(s, st) for s in (None, *SEEDS) for st in (False, True)])
+    calls = [lambda s=s, st=st: ask(s, st) for s in (None, *SEEDS) for st in (False, True)]
+    *choices, raw = _all([*calls, lambda: streamed_chat(oai, **kwargs, temperature=0)])
     for answer in choices:
         assert answer.finish_reason == "tool_calls" and answer.message.content is None
         assert len(answer.message.tool_calls) == 1
         _check_call(answer.message.tool_calls[0], [WEATHER, TIME])
         if isinstance(choice, dict):
             assert answer.message.tool_calls[0].function.name == "get_weather"
+    # greedy, the stream gives the answer's call, its arguments in pieces as they were generated (not at the end)
+    greedy = [(c.function.name, c.function.arguments) for c in choices[0].message.tool_calls]
+    assert [(c.function.name, c.function.arguments) for c in choices[1].message.tool_calls] == greedy
+    streamed, pieces, finish, content = raw
+    assert (streamed, finish, content) == (greedy, "tool_calls", None) and pieces > 1
     print(f"\nforced tool calls ({choice}): {len(choices)}/{len(choices)} validated")
 
 

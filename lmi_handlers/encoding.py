@@ -24,7 +24,7 @@ from typing import Any
 
 from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
 from .request import GenerationRequest, Schema
-from .structured.tools import call_id
+from .structured.tools import CallReader, call_id
 
 
 class Framing(str, enum.Enum):
@@ -113,6 +113,8 @@ class Encoder:
         self._sent_role = False
         self._opened = False
         self._held = ""
+        #: A forced tool call's reader, while the call streams (``_forced_call_chunks``).
+        self._calls = CallReader(request.tools) if request.tools is not None and request.tools.forced else None
 
     @property
     def content_type(self) -> str:
@@ -232,13 +234,12 @@ class Encoder:
 
     def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
         """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""
-        reason = OPENAI_FINISH[result.finish_reason]
         if self.request.tools is None:
-            return result.text, [], reason
+            return result.text, [], OPENAI_FINISH[result.finish_reason]
         content, calls = self.request.tools.calls(result.text)
         shaped = [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                   for name, arguments in calls]
-        return content, shaped, "tool_calls" if shaped else reason
+        return content, shaped, _call_finish(result, bool(shaped))
 
     def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
         content, calls, reason = self._tool_calls(result)
@@ -257,20 +258,39 @@ class Encoder:
                             "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
 
     def _tool_call_chunks(self, result: GenerationResult) -> str:
-        """A tool-calling answer, streamed once it is complete (calls are read from the whole text): its content,
-        then each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
+        """An ``auto`` answer, streamed once it is complete (calls are read from the whole text): its content, then
+        each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
         content, calls, reason = self._tool_calls(result)
         out = [self._chunk({"role": "assistant", "content": content})]
         for i, call in enumerate(calls):
-            head = {"index": i, "id": call["id"], "type": "function",
-                    "function": {"name": call["function"]["name"], "arguments": ""}}
-            out.append(self._chunk({"tool_calls": [head]}))
+            out.append(self._call_head(i, call["function"]["name"], call["id"]))
             out.append(self._chunk({"tool_calls": [{"index": i, "function": {
                 "arguments": call["function"]["arguments"]}}]}))
         out.append(self._chunk({}, reason))
         return "".join(out)
 
+    def _forced_call_chunks(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+        """A forced call (``required`` or a named function) as it is generated: the role first, each call's id and
+        name as soon as the name is known, its arguments in pieces as they grow, and the finish reason last."""
+        assert self._calls is not None
+        out = []
+        if not self._sent_role:
+            self._sent_role = True
+            out.append(self._chunk({"role": "assistant", "content": None}))
+        for kind, index, value in self._calls.feed(event.token.text if event is not None else ""):
+            out.append(self._call_head(index, value, call_id()) if kind == "call" else
+                       self._chunk({"tool_calls": [{"index": index, "function": {"arguments": value}}]}))
+        if result is not None:
+            out.append(self._chunk({}, _call_finish(result, bool(self._calls.calls))))
+        return "".join(out)
+
+    def _call_head(self, index: int, name: str, id_: str) -> str:
+        return self._chunk({"tool_calls": [{"index": index, "id": id_, "type": "function",
+                                            "function": {"name": name, "arguments": ""}}]})
+
     def _chat_chunk(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+        if self._calls is not None:
+            return self._forced_call_chunks(event, result) + self._chat_end(result)
         if self.request.tools is not None and self.request.tools.active:
             out = self._tool_call_chunks(result) if result is not None else ""
             return out + self._chat_end(result)
@@ -299,3 +319,11 @@ class Encoder:
             if self.format.framing is Framing.SSE:
                 out += "data: [DONE]\n\n"
         return out
+
+
+def _call_finish(result: GenerationResult, called: bool) -> str:
+    """``tool_calls`` for an answer with calls, unless ``max_tokens`` cut it short (``length``, as OpenAI says of a
+    call whose arguments did not finish)."""
+    if called and result.finish_reason is not FinishReason.LENGTH:
+        return "tool_calls"
+    return OPENAI_FINISH[result.finish_reason]

@@ -126,7 +126,9 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
                              "serve the model with option.backend=hf", field=field)
     if request.tools is None:
         return request
-    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties))
+    # A backend with tool-call parsers of its own (vllm: vLLM's) reads an ``auto`` answer with them.
+    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties),
+                                 getattr(backend, "tool_call_parser", tool_calling.parser))
     return dataclasses.replace(request, tools=tools)
 
 

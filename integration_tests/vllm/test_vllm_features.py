@@ -1,7 +1,13 @@
 """Structured output, tool calls and LoRA adapters on the vllm backend: the constraint and the adapter the handler
-builds, handed to vLLM's own structured outputs and LoRA, through ``lmi serve`` on SmolLM2-135M-Instruct."""
+builds, handed to vLLM's own structured outputs and LoRA, and ``auto`` tool calls read by vLLM's own parser, through
+``lmi serve`` on SmolLM2-135M-Instruct.
+
+One server serves the module; each test sends its requests at once, so that they share vLLM's steps and the module
+needs few generations."""
 
 import json
+import re
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import jsonschema
@@ -15,15 +21,38 @@ pytestmark = pytest.mark.quality
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 MAX_TOKENS = 16
 TARGETS = ["q_proj", "v_proj"]
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                                           "pets": {"type": "array", "items": {"enum": ["cat", "dog"]},
-                                                    "maxItems": 3}},
-          "required": ["name", "age", "pets"], "additionalProperties": False}
-WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+#: Schemas that bound the answer's size: nested objects, arrays with bounds, enums, integers.
+SCHEMAS = {
+    "person": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 120},
+                                               "pets": {"type": "array", "items": {"enum": ["cat", "dog"]},
+                                                        "maxItems": 3}},
+               "required": ["name", "age", "pets"], "additionalProperties": False},
+    "nested": {"type": "object", "properties": {
+        "user": {"type": "object", "properties": {
+            "name": {"type": "string", "maxLength": 16},
+            "tags": {"type": "array", "items": {"type": "string", "enum": ["admin", "dev", "ops"]},
+                     "minItems": 1, "maxItems": 3}}, "required": ["name", "tags"], "additionalProperties": False},
+        "score": {"type": "integer", "minimum": 0, "maximum": 100}}, "required": ["user", "score"],
+        "additionalProperties": False},
+    "numbers": {"type": "object", "properties": {"values": {"type": "array", "minItems": 2, "maxItems": 4,
+                                                            "items": {"type": "integer", "minimum": 0,
+                                                                      "maximum": 999}}},
+                "required": ["values"], "additionalProperties": False},
+}
+BUDGET = 160
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
+                                            "parameters": {
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
                                      "unit": {"enum": ["celsius", "fahrenheit"]}},
     "required": ["city", "unit"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
+                                         "parameters": {"type": "object",
+                                                        "properties": {"city": {"type": "string", "maxLength": 20}},
+                                                        "required": ["city"], "additionalProperties": False}}}
+ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in celsius."}]
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+REGEX = r"[0-9]{3}-[0-9]{4}"
 
 
 @pytest.fixture(scope="module")
@@ -43,18 +72,39 @@ def server(serve_module, smollm2_dir, vllm_properties, adapter):
     return serve_module([model], ready=False).wait_ready(timeout=900)
 
 
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def reference(smollm2_dir, adapter, vllm_generate):
+    """vLLM's own greedy answers to ``PROMPTS`` (``LLM.generate``, the engine with LoRA enabled as the server's is):
+    with the adapter, and without."""
+    lora_engine = {"enable_lora": True, "max_lora_rank": 8}
+    return (vllm_generate(smollm2_dir, PROMPTS, MAX_TOKENS, lora_engine, adapter),
+            vllm_generate(smollm2_dir, PROMPTS, MAX_TOKENS, lora_engine))
+
+
 def generate(server, prompt, **fields):
     body = {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}, **fields}
-    response = httpx.post(server.url + "/invocations", json=body, timeout=300)
+    response = httpx.post(server.url + "/invocations", json=body, timeout=600)
     assert response.status_code == 200, response.text
     return response.json()
 
 
-def test_an_adapters_answers_equal_vllms_generate_with_the_same_lora_request(server, smollm2_dir, adapter,
-                                                                            vllm_generate):
-    lora_engine = {"enable_lora": True, "max_lora_rank": 8}
-    with_adapter = vllm_generate(smollm2_dir, PROMPTS, MAX_TOKENS, lora_engine, adapter)
-    base = vllm_generate(smollm2_dir, PROMPTS, MAX_TOKENS, lora_engine)
+def _all(calls):
+    """Every call at once (vLLM batches them), results in order."""
+    with ThreadPoolExecutor(len(calls)) as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
+def _sampling(seed):
+    return {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+
+
+def test_an_adapters_answers_equal_vllms_generate_with_the_same_lora_request(server, reference):
+    with_adapter, base = reference
     assert [a["token_ids"] for a in with_adapter] != [b["token_ids"] for b in base]  # the adapter changes answers
     for prompt, want, want_base in zip(PROMPTS, with_adapter, base):
         answer = generate(server, prompt, adapters="a1")
@@ -62,33 +112,125 @@ def test_an_adapters_answers_equal_vllms_generate_with_the_same_lora_request(ser
         assert [t["id"] for t in generate(server, prompt)["details"]["tokens"]] == want_base["token_ids"]
 
 
-def test_json_schema_answers_parse_and_validate_sampled_or_greedy(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
-    for seed in (None, 1, 2):
-        answer = client.chat.completions.create(
-            model="smollm2", messages=[{"role": "user", "content": "Describe a person as JSON."}], max_tokens=120,
-            temperature=0 if seed is None else 1.0, seed=seed,
-            response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON,
+def test_json_schema_answers_parse_validate_and_end_on_their_own_sampled_or_greedy(oai):
+    def chat(name, seed):
+        answer = oai.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": f"Describe a {name} as JSON."}],
+            max_tokens=BUDGET, **_sampling(seed),
+            response_format={"type": "json_schema", "json_schema": {"name": name, "schema": SCHEMAS[name],
                                                                     "strict": True}})
-        text = answer.choices[0].message.content
-        jsonschema.validate(json.loads(text), PERSON)
-        assert answer.choices[0].finish_reason == "stop" and "\n" not in text  # compact JSON, finished in time
+        return name, answer.choices[0]
+
+    for name, choice in _all([lambda n=n, s=s: chat(n, s) for n in SCHEMAS for s in (None, 1)]):
+        text = choice.message.content
+        jsonschema.validate(json.loads(text), SCHEMAS[name])
+        assert choice.finish_reason == "stop", (name, text)
+        assert text == json.dumps(json.loads(text), separators=(",", ":"), ensure_ascii=False)  # compact
 
 
-def test_a_tgi_regex_grammar_is_followed(server):
-    body = {"inputs": "My phone number is", "parameters": {"max_new_tokens": 20,
-                                                            "grammar": {"type": "regex", "value": "[0-9]{3}-[0-9]{4}"}}}
-    response = httpx.post(server.url + "/generate", json=body, timeout=300)
-    assert response.status_code == 200, response.text
-    text = response.json()["generated_text"]
-    assert len(text) == 8 and text[3] == "-" and (text[:3] + text[4:]).isdigit(), text
+def _check_calls(calls, functions=(WEATHER, TIME)):
+    assert calls
+    for name, arguments in calls:
+        function = next(f["function"] for f in functions if f["function"]["name"] == name)
+        jsonschema.validate(json.loads(arguments), function["parameters"])
 
 
-def test_a_forced_tool_call_has_arguments_that_validate(server):
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="none")
-    answer = client.chat.completions.create(
-        model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=80,
-        temperature=0, tools=[WEATHER], tool_choice="required")
-    [call] = answer.choices[0].message.tool_calls
-    assert call.function.name == "get_weather" and answer.choices[0].finish_reason == "tool_calls"
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
+def test_every_tool_choice_streamed_or_not_and_a_tool_result_turn(oai, streamed_chat):
+    ask = dict(model="smollm2", messages=ASK, tools=[WEATHER, TIME], max_tokens=BUDGET, temperature=0)
+    turns = [*ASK, {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city":"Paris","unit":"celsius"}'}}]},
+             {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'}]
+
+    def helper():  # the openai client's own reassembly of the deltas
+        with oai.chat.completions.stream(**ask, tool_choice="required") as events:
+            return events.get_final_completion().choices[0]
+
+    asks = {
+        "required": lambda: oai.chat.completions.create(**ask, tool_choice="required").choices[0],
+        "required streamed": lambda: streamed_chat(oai, **ask, tool_choice="required"),
+        "required by the client's stream helper": helper,
+        "named": lambda: oai.chat.completions.create(**ask, tool_choice=NAMED).choices[0],
+        "named streamed": lambda: streamed_chat(oai, **ask, tool_choice=NAMED),
+        "one call": lambda: [oai.chat.completions.create(**{**ask, **_sampling(seed)}, tool_choice="required",
+                                                         parallel_tool_calls=False).choices[0] for seed in (1, 2)],
+        "auto": lambda: oai.chat.completions.create(**ask, tool_choice="auto").choices[0],
+        "auto streamed": lambda: streamed_chat(oai, **ask, tool_choice="auto"),
+        "none": lambda: oai.chat.completions.create(**{**ask, "max_tokens": 16}, tool_choice="none").choices[0],
+        "tool result": lambda: oai.chat.completions.create(**{**ask, "messages": turns, "max_tokens": 24},
+                                                           tool_choice="none").choices[0],
+    }
+    answers = dict(zip(asks, _all(list(asks.values()))))
+
+    def calls_of(choice):
+        return [(call.function.name, call.function.arguments) for call in choice.message.tool_calls or []]
+
+    required = answers["required"]
+    assert required.finish_reason == "tool_calls" and required.message.content is None
+    _check_calls(calls_of(required))
+    for name in ("required", "named"):
+        calls, pieces, finish, content = answers[f"{name} streamed"]
+        # the stream gives the answer's calls, their arguments in pieces as they were generated (not at the end)
+        assert (calls, finish, content) == (calls_of(answers[name]), "tool_calls", None) and pieces > 1
+    assert calls_of(answers["required by the client's stream helper"]) == calls_of(required)
+    assert [name for name, _ in calls_of(answers["named"])] == ["get_weather"]
+    _check_calls(calls_of(answers["named"]))
+    for choice in answers["one call"]:
+        assert len(choice.message.tool_calls) == 1 and choice.finish_reason == "tool_calls"
+        _check_calls(calls_of(choice))
+    # auto: vLLM's hermes parser reads the free answer; streamed, the calls come at its end
+    auto = answers["auto"]
+    calls, _, finish, content = answers["auto streamed"]
+    assert (calls, finish, content) == (calls_of(auto), auto.finish_reason, auto.message.content)
+    if auto.message.tool_calls:
+        _check_calls(calls_of(auto))
+    else:
+        assert isinstance(auto.message.content, str)
+    none = answers["none"]
+    assert none.message.tool_calls is None and none.message.content and none.finish_reason == "length"
+    assert answers["tool result"].message.content
+
+
+def test_constrained_and_free_rows_run_side_by_side_and_free_greedy_rows_equal_vllms_generate(server, oai,
+                                                                                              reference):
+    _, base = reference
+
+    def person(seed):
+        return oai.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "A person as JSON."}], max_tokens=BUDGET,
+            response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": SCHEMAS["person"]}},
+            **_sampling(seed)).choices[0].message.content
+
+    def phone():
+        response = httpx.post(server.url + "/generate", timeout=600, json={
+            "inputs": "My phone number is", "parameters": {"max_new_tokens": 20,
+                                                           "grammar": {"type": "regex", "value": REGEX}}})
+        assert response.status_code == 200, response.text
+        return response.json()["generated_text"]
+
+    def call():
+        return oai.chat.completions.create(model="smollm2", messages=ASK, tools=[WEATHER], tool_choice="required",
+                                           max_tokens=BUDGET, temperature=1.0, seed=3).choices[0]
+
+    free = [lambda p=p: generate(server, p) for p in PROMPTS]
+    results = _all([*free, lambda: person(None), lambda: person(4), phone, call])
+    for answer, want in zip(results, base):
+        assert [t["id"] for t in answer["details"]["tokens"]] == want["token_ids"]
+    for text in results[2:4]:
+        jsonschema.validate(json.loads(text), SCHEMAS["person"])
+    assert re.fullmatch(REGEX, results[4]), results[4]
+    _check_calls([(c.function.name, c.function.arguments) for c in results[5].message.tool_calls], [WEATHER])
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
+     "response_format.json_schema.schema"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 5,
+                                                                              "maximum": 1}}}]},
+     "tools[0].function.parameters"),
+    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"guided_regex": "[a-"}, "guided_regex"),
+])
+def test_bad_schemas_are_400s_naming_the_field_before_anything_runs(oai, body, field):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8, extra_body=body)
+    assert field in caught.value.message

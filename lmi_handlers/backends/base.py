@@ -14,7 +14,9 @@ A backend whose engine brings its own scheduler and step loop (vllm, ``STEP_LOOP
 ``idle``, ``step``, ``run``, ``stats``); the handler runs that instead of our engine, and ``step`` below is never
 called. A backend that honours
 sampling fields beyond the common ones lists them in ``request_fields`` (``schemas.OFF_VALUES`` names them); the
-others refuse a request that sets one.
+others refuse a request that sets one. One that enforces structured output says so (``structured_output``), and one
+with tool-call parsers of its own offers them as ``tool_call_parser(name, calling)`` (vllm: vLLM's parsers read an
+``auto`` answer; the others get ``structured.tools``'s).
 
 ``DeviceMemory`` is what a backend's load plan (``plan`` in its package, see ``registry.py``) is told about the
 device: the runtime measures it after the weights load, ``lmi validate`` states it for an instance.

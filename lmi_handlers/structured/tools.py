@@ -4,10 +4,15 @@
   ``parameters``: a named call's answer is its arguments object; a required call's is a JSON list of
   ``{"name", "arguments"}`` (one element unless ``parallel_tool_calls``). Arguments therefore always parse and
   validate against the function's parameters.
-* ``"auto"`` generates freely and reads calls from the text with the parser ``option.tool_call_parser`` names
-  (vLLM's names: ``hermes``, ``<tool_call>{...}</tool_call>``; ``llama3_json``, ``{"name", "parameters"}``
-  objects separated by ``;``), only when ``option.enable_auto_tool_choice`` is true, as LMI's vLLM engine asks.
+* ``"auto"`` generates freely and reads calls from the text with the parser ``option.tool_call_parser`` names,
+  only when ``option.enable_auto_tool_choice`` is true, as LMI's vLLM engine asks: vLLM's names, ``hermes``
+  (``<tool_call>{...}</tool_call>``) and ``llama3_json`` (``{"name", "parameters"}`` objects separated by ``;``).
+  A backend with parsers of its own reads the answer with them (its ``tool_call_parser``: the vllm backend, vLLM's
+  parsers of those names); the others with the ones here.
 * ``"none"`` (and no tools) generates plain text.
+
+A forced call is read as it is generated (``CallReader``), so a stream sends its name first and then its arguments
+as they grow; the finished answer is read by the same reader, so both give the same calls.
 
 Earlier calls in the conversation (an assistant message's ``tool_calls``) are written in the hermes format,
 and tool results are ``tool`` messages; the tools themselves go to the chat template (``tokenizer.render_chat``).
@@ -15,11 +20,12 @@ and tool results are ``tool`` messages; the tools themselves go to the chat temp
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ..config import ConfigError, parse_bool, parse_choice
 from ..errors import InvalidRequest, invalid_field
@@ -29,6 +35,8 @@ PARSERS = ("hermes", "llama3_json")
 #: The options this module reads (``option.<key>``).
 KEYS = ("enable_auto_tool_choice", "tool_call_parser")
 CHOICES = ("none", "auto", "required")
+#: Reads an ``auto`` answer: its calls as (name, arguments as JSON text) and the text that is not a call.
+Parser = Callable[[str], tuple[list[tuple[str, str]], str]]
 
 
 @dataclass(frozen=True)
@@ -56,8 +64,8 @@ class ToolCalling:
     functions: tuple[Mapping[str, Any], ...]
     choice: str = "auto"
     parallel: bool = True
-    #: The parser that reads an ``auto`` answer (``option.tool_call_parser``), set when the job is prepared.
-    parser: str | None = None
+    #: What reads an ``auto`` answer (``option.tool_call_parser``'s parser), set when the job is prepared.
+    parser: Parser | None = None
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -91,22 +99,109 @@ class ToolCalling:
         return checked(Constraint("json", _compact(schema), "tools"))
 
     def calls(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
-        """The answer's text content (None when it holds only calls) and its calls, (name, arguments as JSON)."""
+        """The answer's text content (None when it holds only calls) and its calls, (name, arguments as JSON).
+        A forced answer cut short (by ``max_tokens``) gives the calls as far as they were generated, as a stream
+        of it did."""
         if self.choice == "none":
             return text, []
         if self.forced:
-            try:
-                value = json.loads(text)
-            except ValueError:  # cut short by max_tokens or a stop sequence: no call to report
-                return text, []
-            if self.choice != "required":
-                return None, [(self.choice, _compact(value))]
-            return None, [(c["name"], _compact(c["arguments"])) for c in value]
-        found, content = _PARSE[self.parser or "hermes"](text)
-        calls = [(c["name"], _compact(c["arguments"])) for c in found if c["name"] in self.names]
+            reader = CallReader(self)
+            reader.feed(text)
+            return None, reader.calls
+        found, content = (self.parser or _hermes)(text)
+        calls = [(name, arguments) for name, arguments in found if name in self.names]
         if not calls:
             return text, []
         return (content or None), calls if self.parallel else calls[:1]
+
+
+class CallReader:
+    """Reads a forced call's answer as it is generated. ``feed`` takes the next piece of text and returns what is
+    new: ``("call", index, name)`` once a call's name is known (at once for a named function), then
+    ``("arguments", index, text)`` as its arguments grow. ``calls`` holds every named call so far.
+
+    A ``required`` answer is the JSON list the grammar allows, ``[{"name": ..., "arguments": {...}}, ...]`` (name
+    first, as the schema lists it): a small JSON scanner follows strings and nesting to find each element's name
+    and the text of its arguments value. A named function's answer is the arguments object itself."""
+
+    def __init__(self, calling: ToolCalling):
+        self._named = calling.choice != "required"
+        self._started = False
+        self._found: list[list[Any]] = [[calling.choice, ""]] if self._named else []  # [name or None, arguments]
+        self._depth, self._string, self._escape = 0, False, False
+        self._key: str | None = None  # the element's key whose value comes next (after its colon)
+        self._colon, self._capturing, self._word = False, False, ""
+
+    @property
+    def calls(self) -> list[tuple[str, str]]:
+        return [(name, arguments) for name, arguments in self._found if name is not None]
+
+    def feed(self, text: str) -> list[tuple[str, int, str]]:
+        out: list[tuple[str, int, str]] = []
+        if self._named:
+            if not self._started:
+                self._started = True
+                out.append(("call", 0, self._found[0][0]))
+            self._found[0][1] += text
+            pieces = [("arguments", 0, text)] if text else []
+        else:
+            pieces = [event for ch in text for event in self._char(ch)]
+        for kind, index, value in pieces:  # one piece of arguments per call and step, not one per character
+            if kind == "arguments" and out and out[-1][0] == "arguments" and out[-1][1] == index:
+                out[-1] = (kind, index, out[-1][2] + value)
+            else:
+                out.append((kind, index, value))
+        return out
+
+    def _char(self, ch: str) -> list[tuple[str, int, str]]:
+        was_string = self._string
+        in_element = self._depth == 2 and not was_string  # between an element's keys and values
+        if self._capturing and in_element and ch in ",}":
+            self._capturing = False  # the arguments value ended
+        elif in_element and self._colon and self._key == "arguments" and not ch.isspace():
+            self._capturing = True
+        self._lex(ch)
+        if self._capturing:
+            self._found[-1][1] += ch
+            return [("arguments", len(self._found) - 1, ch)] if self._found[-1][0] is not None else []
+        if self._depth == 2 and (was_string or self._string):  # a key or a string value of the element
+            self._word += ch
+            if was_string and not self._string:
+                return self._word_done(json.loads(self._word))
+        elif in_element and ch in ":,":
+            self._colon, self._key = ch == ":", self._key if ch == ":" else None
+        elif ch == "{" and self._depth == 2:  # the next element
+            self._found.append([None, ""])
+            self._key, self._colon = None, False
+        return []
+
+    def _word_done(self, word: str) -> list[tuple[str, int, str]]:
+        self._word = ""
+        if not self._colon:
+            self._key = word
+            return []
+        if self._key == "name" and self._found[-1][0] is None:
+            self._found[-1][0] = word
+            index, arguments = len(self._found) - 1, self._found[-1][1]
+            # arguments written before the name (a grammar that does not keep the schema's order) follow it
+            return [("call", index, word)] + ([("arguments", index, arguments)] if arguments else [])
+        return []
+
+    def _lex(self, ch: str) -> None:
+        """Strings, escapes and nesting depth, character by character."""
+        if self._string:
+            if self._escape:
+                self._escape = False
+            elif ch == "\\":
+                self._escape = True
+            elif ch == '"':
+                self._string = False
+        elif ch == '"':
+            self._string = True
+        elif ch in "{[":
+            self._depth += 1
+        elif ch in "}]":
+            self._depth -= 1
 
 
 def _parameters(function: Mapping[str, Any]) -> Any:
@@ -177,15 +272,23 @@ def _choice(choice: Any, names: list[str]) -> str:
     return name
 
 
-def resolve(calling: ToolCalling | None, options: ToolOptions) -> ToolCalling | None:
-    """``calling`` with the server's parser, or a 400 for ``auto`` on a server that does not read calls."""
+def parser(name: str, calling: ToolCalling) -> Parser:
+    """Our parser ``name`` (one of ``PARSERS``), for backends without parsers of their own."""
+    return _PARSE[name]
+
+
+def resolve(calling: ToolCalling | None, options: ToolOptions,
+            parsers: Callable[[str, ToolCalling], Parser] = parser) -> ToolCalling | None:
+    """``calling`` with the server's parser (made by ``parsers``: the backend's ``tool_call_parser`` where it has
+    one), or a 400 for ``auto`` on a server that does not read calls."""
     if calling is None or calling.choice != "auto":
         return calling
     if not options.auto:
         raise invalid_field("tool_choice", "auto", 'this server reads tool calls from free text only with '
                             'option.enable_auto_tool_choice=true and option.tool_call_parser; send tool_choice '
                             '"required" or a named function (enforced by a grammar), or "none"')
-    return ToolCalling(calling.functions, calling.choice, calling.parallel, options.parser)
+    assert options.parser is not None  # ToolOptions requires it with enable_auto_tool_choice
+    return dataclasses.replace(calling, parser=parsers(options.parser, calling))
 
 
 def message_text(field: str, message: Mapping[str, Any]) -> str:
@@ -220,7 +323,7 @@ def system_prompt(calling: ToolCalling) -> str:
 
 # --- parsers of free text -------------------------------------------------------------------
 
-def _objects(texts: list[str], arguments_key: str) -> list[dict[str, Any]]:
+def _objects(texts: list[str], arguments_key: str) -> list[tuple[str, str]]:
     found = []
     for text in texts:
         try:
@@ -229,17 +332,17 @@ def _objects(texts: list[str], arguments_key: str) -> list[dict[str, Any]]:
             continue
         if isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(
                 value.get(arguments_key, value.get("arguments")), dict):
-            found.append({"name": value["name"], "arguments": value.get(arguments_key, value.get("arguments"))})
+            found.append((value["name"], _compact(value.get(arguments_key, value.get("arguments")))))
     return found
 
 
-def _hermes(text: str) -> tuple[list[dict[str, Any]], str]:
+def _hermes(text: str) -> tuple[list[tuple[str, str]], str]:
     """Calls in ``<tool_call>...</tool_call>`` (the last one may be unclosed), and the text before the first."""
     bodies = re.findall(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", text, re.S)
     return _objects(bodies, "arguments"), text.split("<tool_call>", 1)[0].strip()
 
 
-def _llama3_json(text: str) -> tuple[list[dict[str, Any]], str]:
+def _llama3_json(text: str) -> tuple[list[tuple[str, str]], str]:
     """A text that is only ``{"name", "parameters"}`` objects separated by ``;`` (after ``<|python_tag|>``)."""
     body = text.strip().removeprefix("<|python_tag|>").strip()
     if not body.startswith("{"):
@@ -249,7 +352,7 @@ def _llama3_json(text: str) -> tuple[list[dict[str, Any]], str]:
     return (found, "") if len(found) == len(parts) else ([], text)
 
 
-_PARSE = {"hermes": _hermes, "llama3_json": _llama3_json}
+_PARSE: dict[str, Parser] = {"hermes": _hermes, "llama3_json": _llama3_json}
 
 
 def with_tool_prompt(turns: list[dict[str, Any]], calling: ToolCalling) -> list[dict[str, Any]]:

@@ -5,10 +5,12 @@ import json
 
 import pytest
 
+from lmi_handlers.encoding import Encoder, Format, Framing
 from lmi_handlers.errors import ConfigError, InvalidRequest
+from lmi_handlers.events import FinishReason, GenerationResult, Token, TokenEvent
 from lmi_handlers.request import parse_payload
 from lmi_handlers.structured import constraint as structured
-from lmi_handlers.structured.tools import ToolCalling, ToolOptions, parse_tools, resolve
+from lmi_handlers.structured.tools import CallReader, ToolOptions, parse_tools, resolve
 
 pytest.importorskip("llguidance")
 
@@ -70,7 +72,9 @@ def test_tool_choice_shapes_the_grammar_and_reads_the_calls_back():
     assert schema["maxItems"] == 1 and schema["items"]["anyOf"][0]["properties"]["name"] == {"const": "get_weather"}
     assert required.calls('[{"name":"get_weather","arguments":{"city":"Rome"}}]')[1] == [
         ("get_weather", '{"city":"Rome"}')]
-    assert required.calls('[{"name":"get_w')[1] == []  # cut short by max_tokens: no call
+    assert required.calls('[{"name":"get_w') == (None, [])  # cut short by max_tokens before the name: no call
+    # cut short inside the arguments: the call as far as it got, as its stream sent it
+    assert required.calls('[{"name":"get_weather","arguments":{"ci') == (None, [("get_weather", '{"ci')])
     assert parse_tools({"tools": [WEATHER]}).choice == "auto" and parse_tools(CHAT) is None
     assert chat(tools=[WEATHER], tool_choice="required").constraint.field == "tools"
     assert chat(tools=[WEATHER], tool_choice="none").constraint is None
@@ -90,7 +94,7 @@ def test_tool_choice_shapes_the_grammar_and_reads_the_calls_back():
     ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Oslo"}} and more', "same", []),
 ])
 def test_auto_answers_are_read_by_the_named_parser(parser, text, content, calls):
-    tools = ToolCalling((WEATHER["function"],), "auto", True, parser)
+    tools = resolve(parse_tools({"tools": [WEATHER]}), ToolOptions(True, parser))
     assert tools.calls(text) == (text if content == "same" else content, calls)
 
 
@@ -98,12 +102,60 @@ def test_auto_needs_the_servers_options_as_lmi_spells_them():
     tools = parse_tools({"tools": [WEATHER]})
     with pytest.raises(InvalidRequest, match="option.enable_auto_tool_choice"):
         resolve(tools, ToolOptions())
-    assert resolve(tools, ToolOptions.from_properties({"enable_auto_tool_choice": "true",
-                                                       "tool_call_parser": "llama3_json"})).parser == "llama3_json"
+    options = ToolOptions.from_properties({"enable_auto_tool_choice": "true", "tool_call_parser": "llama3_json"})
+    assert resolve(tools, options).calls('{"name": "get_weather", "parameters": {}}')[1] == [("get_weather", "{}")]
+    # a backend's own parsers (the vllm backend's) read the answer instead, and the request's rules still apply
+    seen = []
+    own = resolve(tools, options, lambda name, calling: seen.append((name, calling)) or (
+        lambda text: ([("get_weather", "{}"), ("other", "{}")], "before")))
+    assert own.calls("anything") == ("before", [("get_weather", "{}")]) and seen == [("llama3_json", tools)]
     with pytest.raises(ConfigError, match="tool_call_parser"):
         ToolOptions.from_properties({"enable_auto_tool_choice": "true"})
     with pytest.raises(ConfigError, match="hermes, llama3_json"):
         ToolOptions.from_properties({"tool_call_parser": "mistral"})
+
+
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}
+
+
+@pytest.mark.parametrize("choice, text", [
+    ("required", '[{"name":"get_weather","arguments":{"city":"Pa\\"ris, {[it]}"}},{"name":"get_time","arguments":{}}]'),
+    ({"type": "function", "function": {"name": "get_weather"}}, '{"city":"Lyon \\u00e9"}'),
+    ("required", '[{"arguments":{"city":"Pa\\"ris, {[it]}"},"name":"get_weather"}]'),  # name last
+])
+def test_a_forced_call_is_read_as_it_grows_into_the_calls_of_the_whole_answer(choice, text):
+    tools = parse_tools({"tools": [WEATHER, TIME], "tool_choice": choice})
+    for size in (1, 3, 7):
+        reader, heads, arguments = CallReader(tools), {}, {}
+        for start in range(0, len(text), size):
+            for kind, index, value in reader.feed(text[start:start + size]):
+                if kind == "call":
+                    assert index not in heads and index == len(heads)  # each call's name once, in order
+                    heads[index], arguments[index] = value, ""
+                else:
+                    arguments[index] += value  # arguments only after their call's name
+        assert [(heads[i], arguments[i]) for i in sorted(heads)] == tools.calls(text)[1]
+    assert [json.loads(arguments) for _, arguments in tools.calls(text)[1]][0]["city"] in ('Pa"ris, {[it]}',
+                                                                                        "Lyon \u00e9")
+
+
+def test_a_streamed_forced_call_sends_its_arguments_as_they_are_generated_and_reassembles_to_the_answer():
+    request = chat(tools=[WEATHER, TIME], tool_choice="required", stream=True)
+    pieces = ['[{"name":"get', '_weather","arg', 'uments":{"ci', 'ty":"Ro', 'me"}}]']
+    streamed = Encoder(request, Format(Framing.SSE, chat=True), "prompt")
+    tokens = [TokenEvent(Token(i, piece, 0.0), i + 1) for i, piece in enumerate(pieces)]
+    result = GenerationResult("".join(pieces), FinishReason.EOS, len(pieces), 3, tuple(t.token for t in tokens))
+    frames = [streamed.encode([token, *([result] if i == len(tokens) - 1 else [])]) for i, token in enumerate(tokens)]
+    chunks = [[json.loads(line[6:]) for line in frame.split("\n\n") if line.startswith("data: {")] for frame in frames]
+    deltas = [[c["choices"][0]["delta"] for c in step] for step in chunks]
+    assert deltas[0] == [{"role": "assistant", "content": None}]  # no name yet
+    assert deltas[1][0]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert [d["tool_calls"][0]["function"]["arguments"] for d in deltas[2] + deltas[3]] == ['{"ci', 'ty":"Ro']
+    assert chunks[-1][-1]["choices"][0]["finish_reason"] == "tool_calls" and frames[-1].endswith("data: [DONE]\n\n")
+    whole = Encoder(request, Format(Framing.JSON, chat=True), "prompt").result_object(result)["choices"][0]
+    assert whole["finish_reason"] == "tool_calls" and whole["message"]["content"] is None
+    assert [c["function"] for c in whole["message"]["tool_calls"]] == [
+        {"name": "get_weather", "arguments": '{"city":"Rome"}'}]
 
 
 def test_tool_messages_and_earlier_calls_reach_the_prompt():

@@ -19,7 +19,8 @@ from ...config import HandlerConfig
 from ...errors import ConfigError, InvalidRequest, status_of
 from ...events import Event, FinishReason
 from ...sequence import SequenceState
-from ...structured.vllm import structured_outputs_params
+from ...structured.tools import Parser, ToolCalling, ToolOptions
+from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
 from ..hf.tokenizer import HFTokenizer
 from .options import KEYS, Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, vllm_request
@@ -35,7 +36,8 @@ class VllmBackend:
     kv = None
     chunked_prefill = False
     request_fields = frozenset(EXTRA_FIELDS)
-    #: Constrained requests go to vLLM's own structured outputs (``structured/vllm.py``).
+    #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
+    #: (``structured/vllm.py``).
     structured_output = True
 
     def __init__(self, config: HandlerConfig):
@@ -51,6 +53,10 @@ class VllmBackend:
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
         self.options = Options.from_properties(config.properties)
+        self.tokenizer = _tokenizer(config, self.options)
+        tool_parser = ToolOptions.from_properties(config.properties).parser
+        if tool_parser is not None:
+            check_tool_parser(self.tokenizer.hf, tool_parser)  # before vLLM's start, which takes minutes
         accepted = engine_arg_defaults(EngineArgs)
         self.option_keys = KEYS | set(accepted)
         kwargs = self.options.engine_args(config.model_id, accepted)
@@ -68,13 +74,16 @@ class VllmBackend:
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
         self.llm = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=True)
-        self.tokenizer = _tokenizer(config, self.options)
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
 
     def make_engine(self) -> "VllmLoop":
         return VllmLoop(self)
+
+    def tool_call_parser(self, name: str, calling: ToolCalling) -> Parser:
+        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured/vllm.py``)."""
+        return tool_call_parser(self.tokenizer.hf, name, calling)
 
     def load_adapter(self, spec: AdapterSpec) -> AdapterSpec:
         """vLLM loads an adapter from its folder when a request first names it (``vllm_lora_request``)."""
