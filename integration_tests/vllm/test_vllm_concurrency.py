@@ -69,3 +69,27 @@ def test_a_seed_that_would_stop_vllms_cpu_engine_is_refused_alone(server, client
     assert "seed: vLLM's CPU build stops its engine" in str(refused.value)
     assert "option.enable_chunked_prefill=false" in str(refused.value)
     assert stream(client, 1) == MAX_TOKENS
+
+
+def test_when_vllms_engine_process_is_killed_a_fresh_worker_serves_the_next_request(server, client):
+    """Last in this module: the model's worker is a new process afterwards. A killed engine core leaves vLLM's
+    ``LLMEngine.step()`` waiting forever; the handler's watcher ends the worker instead of a predict timeout."""
+    import psutil
+
+    body = {"model": "tiny", "prompt": prompt(5), "max_tokens": 300, "stream": True, "ignore_eos": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as response:
+        assert response.status_code == 200, response.read()
+        lines = response.iter_lines()
+        next(line for line in lines if line.startswith("data:"))
+        [core] = [process for process in psutil.Process(server.process.pid).children(recursive=True)
+                  if process.cmdline()[:1] == ["VLLM::EngineCore"]]
+        core.kill()
+        rest = "\n".join(lines)
+    assert "the worker process died" in rest and "no answer within" not in rest, rest[-500:]
+    # lmi serve starts a fresh worker at once (answering 503 "not ready" meanwhile), then serves on.
+    deadline = time.monotonic() + 900
+    while (worker := httpx.get(server.management_url + "/models/tiny").json()[0]["workerGroups"][0]["workers"][0]) \
+            != {**worker, "status": "READY", "restarts": 1}:
+        assert time.monotonic() < deadline, worker
+        time.sleep(0.5)
+    assert stream(client, 6) == MAX_TOKENS

@@ -8,13 +8,17 @@ side finishes first (a stop sequence) is aborted in vLLM; a client that goes awa
 
 vLLM's engine core cannot recover from a failed step: it stops, and every later call raises. The loop then fails
 every request with a 503 that says so and ends this worker process a moment later, as vLLM's own server exits, so
-that the server (``lmi serve``, DJLServing) starts a fresh one instead of answering errors forever.
+that the server (``lmi serve``, DJLServing) starts a fresh one instead of answering errors forever. An engine core
+process that ends without a word (killed by a signal, or by the kernel's OOM killer) leaves ``LLMEngine.step()``
+waiting forever; a watcher thread ends this process then too.
 """
 
 from __future__ import annotations
 
 import glob
 import logging
+import multiprocessing
+import multiprocessing.connection
 import os
 import threading
 import time
@@ -120,6 +124,11 @@ class VllmLoop:
         #: Ends this process once vLLM's engine stopped (the server then starts a fresh worker).
         self.exit_soon = _exit_soon
         self._logged = time.monotonic()
+        # vLLM's engine core process(es): the children this process has once the engine is built (none when vLLM
+        # runs its engine core in this process).
+        cores = multiprocessing.active_children()
+        if cores:
+            threading.Thread(target=self._watch, args=(cores,), name="vllm-engine-watch", daemon=True).start()
 
     @property
     def idle(self) -> bool:
@@ -207,6 +216,19 @@ class VllmLoop:
         events = {seq.uid: [seq.fail(EngineStopped.status, self.stopped)] for seq in self.seqs.values()}
         self.seqs = {}
         return events
+
+    def _watch(self, cores: list[multiprocessing.Process]) -> None:
+        """Waits for an engine core process to end; if the loop has not heard of it a moment later (a core that
+        fails tells the loop first), ends this process."""
+        multiprocessing.connection.wait([core.sentinel for core in cores])
+        time.sleep(EXIT_DELAY)
+        if self.stopped is None:
+            ended = next(core for core in cores if not core.is_alive())
+            logger.error("vllm: the engine process %s (pid %s) ended with code %s and vLLM's engine did not say so; "
+                         "this worker exits so that the server starts a fresh one", ended.name, ended.pid,
+                         ended.exitcode)
+            self.stopped = "vLLM's engine process ended; the model's worker restarts"
+            self.exit_soon()
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""

@@ -94,6 +94,11 @@ class Worker:
         return self.process.pid if self.process else None
 
     @property
+    def exit_code(self) -> int | None:
+        """The code the worker process ended with; None while it runs or before it starts."""
+        return self.process.poll() if self.process is not None else None
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None and self.sock is not None
 
