@@ -275,7 +275,7 @@ class ServedModel:
         reason = f"model {self.name}: the worker process exited with code {self.worker.exit_code}"
         for item in self.rolling_batch.fail_all(503, reason):
             item.request.key.fail(503, item.error or reason)
-        self.worker.kill()  # what it left: its process group, its socket
+        self.worker.kill()  # what it left behind: processes it started, its socket
         self._recover(reason)
 
     def _recover(self, reason: str) -> None:
