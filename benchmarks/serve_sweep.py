@@ -343,8 +343,8 @@ def main() -> None:
     parser.add_argument("--lmi-option", action="append", default=[], metavar="KEY=VALUE",
                         help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
     parser.add_argument("--lmi-log-level", default="warning",
-                        help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the peer's log "
-                             "under out/serve_sweep/")
+                        help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the "
+                             "peer's log under out/serve_sweep/")
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
