@@ -147,7 +147,8 @@ def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
 
 # --- peers ---------------------------------------------------------------------------------------
 
-def lmi_command(model: Model, port: int, workdir: Path, options: list[str]) -> tuple[list[str], dict[str, str], str]:
+def lmi_command(model: Model, port: int, workdir: Path, options: list[str],
+                log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
     model_dir = workdir / f"lmi-{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
@@ -156,7 +157,7 @@ def lmi_command(model: Model, port: int, workdir: Path, options: list[str]) -> t
                   **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [sys.executable, "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
-            str(port), "--log-level", "warning"]
+            str(port), "--log-level", log_level]
     return argv, {}, "/ping"
 
 
@@ -209,7 +210,8 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[li
     return argv, dict(VLLM_ENV), "/health"
 
 
-def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[list[str], dict[str, str], str]:
+def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path,
+                     log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
     """``lmi serve`` with rolling_batch=vllm, run by the vLLM environment's Python (the tooling's packages added on
     first use), with vLLM's server's settings."""
     python = vllm_python(venv)
@@ -229,7 +231,7 @@ def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tupl
                   "option.max_model_len": model.max_len, "option.dtype": "fp32"}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
-            str(free_port()), "--log-level", "warning"]
+            str(free_port()), "--log-level", log_level]
     return argv, {**VLLM_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "/ping"
 
 
@@ -340,6 +342,9 @@ def main() -> None:
                         help="OMP_NUM_THREADS of every server; 0: unset, each server's own default")
     parser.add_argument("--lmi-option", action="append", default=[], metavar="KEY=VALUE",
                         help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
+    parser.add_argument("--lmi-log-level", default="warning",
+                        help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the "
+                             "peer's log under out/serve_sweep/")
     parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
@@ -347,9 +352,10 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
-    commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option), "transformers": transformers_command,
+    commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level),
+                "transformers": transformers_command,
                 "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve()),
-                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, args.vllm_venv.resolve())}
+                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, args.vllm_venv.resolve(), args.lmi_log_level)}
     report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
                               "lmi_options": args.lmi_option, "models": {}}
     for name in args.models.split(","):

@@ -63,6 +63,12 @@ class BackendError(HandlerError):
     status = 424
 
 
+class EngineStopped(HandlerError):
+    """An engine we drive (vLLM) stopped for good; the worker process restarts (503, as when a worker dies)."""
+
+    status = 503
+
+
 class OutOfMemory(HandlerError):
     """The model ran out of device or host memory (DJLServing's 507)."""
 

@@ -15,14 +15,17 @@ from pathlib import Path
 import pytest
 
 #: The engine arguments of every model these tests serve, and of vLLM's own reference answers.
-ENGINE = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True}
+#: Chunked prefill is off so that seeded requests are honoured on vLLM's CPU build (the backend refuses seeds where
+#: chunked prefill is on there: ``VllmBackend.seeds_stop_engine``); ``test_vllm_concurrency.py`` turns it on.
+ENGINE = {"dtype": "float32", "max_model_len": 512, "max_num_seqs": 8, "enforce_eager": True,
+          "enable_chunked_prefill": False}
 ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 os.environ.update({key: os.environ.get(key, value) for key, value in ENV.items()})
 READY_TIMEOUT = 900
 #: serving.properties of every model these tests serve (the same engine arguments as the reference).
 PROPERTIES = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.dtype": "fp32",
               "option.max_model_len": ENGINE["max_model_len"], "option.max_rolling_batch_size": ENGINE["max_num_seqs"],
-              "option.enforce_eager": "true",
+              "option.enforce_eager": "true", "option.enable_chunked_prefill": "false",
               # vLLM's start (its engine process, profiling, the KV cache) takes minutes on a small shared CPU.
               "option.model_loading_timeout": READY_TIMEOUT}
 

@@ -251,6 +251,8 @@ class ServedModel:
             return
         step = self._rolling_step if self.settings.rolling else self._plain_step
         while not self._stop.is_set():
+            if self.worker.exit_code is not None:
+                self._exited()
             self._run_calls()
             step()
 
@@ -266,6 +268,15 @@ class ServedModel:
     def _died(self, exc: WorkerDied) -> str:
         """What the requests of a worker that died are told: why it was stopped, if it was."""
         return self._stop_reason if self._stop.is_set() else f"model {self.name}: {exc}"
+
+    def _exited(self) -> None:
+        """A worker that ended by itself between two calls (the vllm backend's does once vLLM's engine stopped) is
+        started again before it gets more requests, as Java restarts a Python process that died."""
+        reason = f"model {self.name}: the worker process exited with code {self.worker.exit_code}"
+        for item in self.rolling_batch.fail_all(503, reason):
+            item.request.key.fail(503, item.error or reason)
+        self.worker.kill()  # what it left behind: processes it started, its socket
+        self._recover(reason)
 
     def _recover(self, reason: str) -> None:
         if self._stop.is_set():  # the worker was stopped on purpose: no restart

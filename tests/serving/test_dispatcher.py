@@ -38,6 +38,7 @@ class ScriptedWorker:
     """Stands in for ``worker.client.Worker``: records Inputs, answers with ``answer(inputs)``."""
 
     pid = 4242
+    exit_code = None  # the process runs
 
     def __init__(self, answer: Callable[[Input], OutputHeader], gate: threading.Event | None = None):
         self.answer, self.gate = answer, gate
@@ -48,6 +49,7 @@ class ScriptedWorker:
 
     def start(self) -> None:
         self.starts += 1
+        self.exit_code = None
 
     def predict(self, inputs: Input) -> OutputHeader:
         self.inputs.append(inputs)
@@ -378,6 +380,30 @@ def test_a_worker_that_dies_fails_its_requests_and_is_restarted(tmp_path):
         after = request(loop, inputs="b")
         model.submit(after)
         assert await answer_of(after) == (200, b'"ok"', None)
+
+    try:
+        run(scenario)
+    finally:
+        model.stop()
+    assert (worker.starts, model.restarts, model.status) == (2, 1, Status.READY)
+
+
+def test_a_worker_that_exits_between_requests_is_restarted_before_the_next_one(tmp_path):
+    def answer(inputs: Input) -> OutputHeader:
+        if len(worker.inputs) == 1:
+            worker.exit_code = 1  # it answers, then ends (as the vllm backend's worker does when vLLM's engine stopped)
+        return header([("data", b'"ok"')])
+
+    worker = ScriptedWorker(answer)
+    model = served(worker, tmp_path, max_batch_delay_ms=0)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        model.start()
+        for text in "ab":
+            pending = request(loop, inputs=text)
+            model.submit(pending)
+            assert await answer_of(pending) == (200, b'"ok"', None)
 
     try:
         run(scenario)

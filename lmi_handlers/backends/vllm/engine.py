@@ -5,19 +5,30 @@ vLLM brings its own scheduler, KV cache and parallelism, so this backend brings 
 rolling-batch ``handle`` call) takes what vLLM's engine core produced since the last one and feeds each new token
 through its ``SequenceState``, so events, stop sequences and bytes are the same as on our engine. A sequence our
 side finishes first (a stop sequence) is aborted in vLLM; a client that goes away aborts its request.
+
+vLLM's engine core cannot recover from a failed step: it stops, and every later call raises. The loop then fails
+every request with a 503 that says so and ends this worker process a moment later, as vLLM's own server exits, so
+that the server (``lmi serve``, DJLServing) starts a fresh one instead of answering errors forever. An engine core
+process that ends without a word (killed by a signal, or by the kernel's OOM killer) leaves ``LLMEngine.step()``
+waiting forever; a watcher thread ends this process then too.
 """
 
 from __future__ import annotations
 
 import glob
 import logging
+import multiprocessing
+import multiprocessing.connection
+import os
+import threading
 import time
 from typing import Any, Iterator, Sequence
 
 from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
 from ...config import HandlerConfig
-from ...errors import ConfigError, InvalidRequest, status_of
+from ...errors import ConfigError, EngineStopped, InvalidRequest, invalid_field, status_of
 from ...events import Event, FinishReason
+from ...schemas import Schema
 from ...sequence import SequenceState
 from ...structured.tools import Parser, ToolCalling, ToolOptions
 from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
@@ -27,6 +38,9 @@ from .sampling import EXTRA_FIELDS, vllm_request
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
+#: Seconds between answering the requests of a stopped engine and this process's exit: the answers reach the
+#: socket first.
+EXIT_DELAY = 1.0
 
 
 class VllmBackend:
@@ -77,6 +91,11 @@ class VllmBackend:
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
+        # After a step that prefilled only part of a prompt, vLLM rewinds that request's own random generator (one
+        # exists only for a request with a seed), and a CPU generator cannot rewind: on vLLM's CPU build the engine
+        # stops ("CPU Generator does not use offset"). Prompts are split only with chunked prefill.
+        self.seeds_stop_engine = (vllm_config.device_config.device_type == "cpu"
+                                  and vllm_config.scheduler_config.enable_chunked_prefill)
 
     def make_engine(self) -> "VllmLoop":
         return VllmLoop(self)
@@ -109,7 +128,16 @@ class VllmLoop:
         self.seqs: dict[str, SequenceState] = {}
         #: Events of requests vLLM refused when they were added, answered at the next step.
         self.refused: dict[int, list[Event]] = {}
+        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
+        self.stopped: str | None = None
+        #: Ends this process once vLLM's engine stopped (the server then starts a fresh worker).
+        self.exit_soon = _exit_soon
         self._logged = time.monotonic()
+        # vLLM's engine core process(es): the children this process has once the engine is built (none when vLLM
+        # runs its engine core in this process).
+        cores = multiprocessing.active_children()
+        if cores:
+            threading.Thread(target=self._watch, args=(cores,), name="vllm-engine-watch", daemon=True).start()
 
     @property
     def idle(self) -> bool:
@@ -117,13 +145,18 @@ class VllmLoop:
 
     def add(self, seq: SequenceState) -> None:
         try:
+            if self.stopped is not None:
+                raise EngineStopped(self.stopped)
             self._check_logit_bias(seq)
+            self._check_seed(seq)
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
             self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request)
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
-            self.refused[seq.uid] = [seq.fail(*_request_error(exc))]
+            if _engine_dead(exc):
+                self.refused.update(self._stop(exc))
+            self.refused[seq.uid] = [seq.fail(*_request_error(exc, self.stopped))]
             return
         self.seqs[str(seq.uid)] = seq
 
@@ -135,15 +168,24 @@ class VllmLoop:
             raise InvalidRequest(f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to "
                                  f"{self.backend.vocab_size - 1})", field="logit_bias", value=outside[0])
 
+    def _check_seed(self, seq: SequenceState) -> None:
+        """A seed on vLLM's CPU build with chunked prefill would stop the engine (``seeds_stop_engine``)."""
+        seed = seq.request.sampling.seed
+        if seed is not None and seq.request.sampling.do_sample and self.backend.seeds_stop_engine:
+            field = "parameters.seed" if seq.request.schema is Schema.LMI else "seed"
+            raise invalid_field(field, seed, "vLLM's CPU build stops its engine when it prefills a seeded prompt in "
+                                "chunks, so seeds are refused while chunked prefill is on; send no seed, or serve "
+                                "with option.enable_chunked_prefill=false")
+
     def cancel(self, seq: SequenceState) -> None:
         """Stop a sequence now (its client went away): vLLM frees its KV blocks."""
-        if self.seqs.pop(str(seq.uid), None) is not None:
+        if self.seqs.pop(str(seq.uid), None) is not None and self.stopped is None:
             self.llm.abort_request([str(seq.uid)])
         self.refused.pop(seq.uid, None)
         seq.finished = True
 
     def reset(self) -> None:
-        if self.seqs:
+        if self.seqs and self.stopped is None:
             self.llm.abort_request(list(self.seqs))
         for seq in self.seqs.values():
             seq.finished = True
@@ -159,11 +201,8 @@ class VllmLoop:
             return events
         try:
             outputs = self.llm.step()
-        except Exception as exc:  # noqa: BLE001 - a failed engine step fails its sequences, not the worker
-            logger.exception("vllm step failed for %d sequences", len(self.seqs))
-            code, message = status_of(exc), f"generation failed: {exc}"
-            events.update({seq.uid: [seq.fail(code, message)] for seq in self.seqs.values()})
-            self.reset()
+        except Exception as exc:  # noqa: BLE001 - vLLM's engine stops after a failed step: so does this worker
+            events.update(self._stop(exc))
             return events
         for output in outputs:
             seq = self.seqs.get(output.request_id)
@@ -173,6 +212,32 @@ class VllmLoop:
             self._logged = time.monotonic()
             logger.info("vllm: %d sequences", len(self.seqs))
         return events
+
+    def _stop(self, exc: Exception) -> dict[int, list[Event]]:
+        """vLLM's engine stopped: the running requests fail with a 503 saying so, and this process exits soon."""
+        if self.stopped is None:
+            logger.error("vllm: the engine stopped (%s: %s) with %d sequences running; its own error is above. "
+                         "This worker exits in %g s so that the server starts a fresh one",
+                         type(exc).__name__, exc, len(self.seqs), EXIT_DELAY)
+            self.stopped = (f"vLLM's engine stopped ({type(exc).__name__}); the model's worker restarts, the cause "
+                            "is in the server log")
+            self.exit_soon()
+        events = {seq.uid: [seq.fail(EngineStopped.status, self.stopped)] for seq in self.seqs.values()}
+        self.seqs = {}
+        return events
+
+    def _watch(self, cores: list[multiprocessing.Process]) -> None:
+        """Waits for an engine core process to end; if the loop has not heard of it a moment later (a core that
+        fails tells the loop first), ends this process."""
+        multiprocessing.connection.wait([core.sentinel for core in cores])
+        time.sleep(EXIT_DELAY)
+        if self.stopped is None:
+            ended = next(core for core in cores if not core.is_alive())
+            logger.error("vllm: the engine process %s (pid %s) ended with code %s and vLLM's engine did not say so; "
+                         "this worker exits so that the server starts a fresh one", ended.name, ended.pid,
+                         ended.exitcode)
+            self.stopped = "vLLM's engine process ended; the model's worker restarts"
+            self.exit_soon()
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
@@ -216,15 +281,31 @@ def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float,
     return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
 
 
-def _request_error(exc: Exception) -> tuple[int, str]:
-    """(status, message) for a request vLLM refused: its validation errors are the client's (400)."""
-    if isinstance(exc, InvalidRequest):
+def _request_error(exc: Exception, stopped: str | None) -> tuple[int, str]:
+    """(status, message) for a request vLLM refused: its validation errors are the client's (400); on an engine
+    that stopped, ``stopped`` says why."""
+    if isinstance(exc, (InvalidRequest, EngineStopped)):
         return exc.status, str(exc)
+    if stopped is not None:
+        return EngineStopped.status, stopped
     parameter = getattr(exc, "parameter", None)
     if parameter is not None or isinstance(exc, (ValueError, TypeError)):
         error = InvalidRequest(f"{exc}", field=parameter)
         return error.status, str(error)
     return status_of(exc), f"{type(exc).__name__}: {exc}"
+
+
+def _engine_dead(exc: Exception) -> bool:
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    return isinstance(exc, EngineDeadError)
+
+
+def _exit_soon() -> None:
+    """End this process in ``EXIT_DELAY`` seconds, from a thread: the step that says why is answered first."""
+    timer = threading.Timer(EXIT_DELAY, os._exit, (1,))
+    timer.daemon = True
+    timer.start()
 
 
 def _tokenizer(config: HandlerConfig, options: Options) -> HFTokenizer:

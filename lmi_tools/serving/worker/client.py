@@ -94,6 +94,11 @@ class Worker:
         return self.process.pid if self.process else None
 
     @property
+    def exit_code(self) -> int | None:
+        """The code the worker process ended with; None while it runs or before it starts."""
+        return self.process.poll() if self.process is not None else None
+
+    @property
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None and self.sock is not None
 
@@ -193,11 +198,12 @@ class Worker:
         """End the process, then close the socket. Java's ``stopPythonProcess`` disconnects and destroys the
         process at once; ending it first means DJL's engine never sees the connection close (which it logs
         as "Python engine process died" with a traceback)."""
-        if self.process is not None and self.process.poll() is None:
-            try:
+        if self.process is not None:
+            try:  # the whole group, also when the worker itself has exited: what it started may still run
                 os.killpg(self.process.pid, 9)
             except (ProcessLookupError, PermissionError):
-                self.process.kill()
+                if self.process.poll() is None:
+                    self.process.kill()
             self.process.wait()
         self._disconnect()
 
