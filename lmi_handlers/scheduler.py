@@ -12,8 +12,10 @@ tokens generated so far, prefilled again; with prefix caching most of it is foun
 output so far is kept, so nothing is lost or repeated.
 
 Budget (``option.max_rolling_batch_prefill_tokens``): without chunked prefill it only limits admission
-(one prompt always fits); with ``option.enable_chunked_prefill`` long prompts are cut into chunks so a
-step never prefills more than the budget, and running streams keep their pace.
+(one prompt always fits), so that many prompts arriving together are prefilled over several steps and the first
+of them answer while the rest wait, instead of all answering after one long prefill; with
+``option.enable_chunked_prefill`` long prompts are cut into chunks so a step never prefills more than the budget,
+and running streams keep their pace.
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ from typing import Any
 from .sequence import Chunk, SequenceState
 
 DEFAULT_CHUNK_BUDGET = 512
+#: Prompt tokens admitted per step without chunked prefill, unless the option says otherwise.
+DEFAULT_ADMISSION_BUDGET = 1024
 
 
 class Scheduler:
     def __init__(self, backend: Any, prefill_budget: int | None = None, chunked: bool = False):
         self.backend = backend
         self.chunked = chunked and getattr(backend, "chunked_prefill", False)
-        self.budget = prefill_budget if prefill_budget is not None or not self.chunked else DEFAULT_CHUNK_BUDGET
+        self.budget = prefill_budget if prefill_budget is not None else \
+            DEFAULT_CHUNK_BUDGET if self.chunked else DEFAULT_ADMISSION_BUDGET
         self.preemptions = 0
         #: Distinct LoRA adapters in one batch (``option.max_loras``); None: no limit.
         self.max_adapters: int | None = None
@@ -41,7 +46,7 @@ class Scheduler:
 
     def schedule(self, waiting: deque[SequenceState], running: list[SequenceState]) -> list[Chunk]:
         """This step's chunks; moves admitted sequences from ``waiting`` to ``running`` and preempted ones back."""
-        budget = self.budget if self.budget is not None else float("inf")
+        budget = self.budget
         chunks: list[Chunk] = []
         for seq in list(running):
             if seq not in running:  # preempted for an older one earlier in this loop

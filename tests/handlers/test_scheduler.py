@@ -9,7 +9,7 @@ import pytest
 
 from lmi_handlers.backends.hf.paged_cache import BlockManager, PoolPlan
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
-from lmi_handlers.scheduler import DEFAULT_CHUNK_BUDGET, Scheduler
+from lmi_handlers.scheduler import DEFAULT_ADMISSION_BUDGET, DEFAULT_CHUNK_BUDGET, Scheduler
 from lmi_handlers.sequence import SequenceState
 
 
@@ -145,7 +145,22 @@ def test_chunked_prefill_cuts_long_prompts_to_the_budget_and_running_streams_kee
 def test_chunking_has_a_default_budget_and_needs_a_backend_that_prefills_in_chunks():
     assert Scheduler(FakeBackend(blocks=4), chunked=True).budget == DEFAULT_CHUNK_BUDGET
     unchunked = Scheduler(FakeBackend(blocks=4, chunked=False), chunked=True)
-    assert not unchunked.chunked and unchunked.budget is None
+    assert not unchunked.chunked and unchunked.budget == DEFAULT_ADMISSION_BUDGET
+
+
+def test_prompts_arriving_together_are_admitted_a_budget_at_a_time_and_one_always_fits():
+    """Without chunking, the default budget spreads a burst over steps (the first admitted answer sooner); a prompt
+    longer than the budget still runs, alone in its step's prefill."""
+    size = DEFAULT_ADMISSION_BUDGET // 4 - 1
+    engine = Engine(FakeBackend(blocks=1000, rows=64, chunked=False))
+    burst = [request(list(range(size))) for _ in range(10)]
+    engine.add(*burst)
+    assert [len(c.tokens) for c in engine.step()] == [size] * 4
+    assert [len(c.tokens) for c in engine.step()] == [1] * 4 + [size] * 4
+    long = request(list(range(DEFAULT_ADMISSION_BUDGET + 5)))
+    engine.add(long)
+    assert [len(c.tokens) for c in engine.step()] == [1] * 8 + [size] * 2
+    assert [len(c.tokens) for c in engine.step()] == [1] * 10 + [DEFAULT_ADMISSION_BUDGET + 5]
 
 
 def test_without_chunking_the_budget_only_limits_admission_and_one_prompt_always_fits():
