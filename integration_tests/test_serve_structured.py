@@ -14,6 +14,8 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
+from .chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+
 pytestmark = pytest.mark.quality
 
 #: Schemas that bound the answer's size (strings and lists have maxima, integers ranges).
@@ -38,16 +40,6 @@ SCHEMAS = {
 }
 #: Bounded schemas fit in this many tokens even if every character were an escape of its own.
 BUDGET = 200
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "The current weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-                   "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {
-    "name": "get_time", "description": "The local time in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30}},
-                   "required": ["city"], "additionalProperties": False}}}
-ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in celsius."}]
 #: Sampled answers come from these seeds, greedy ones from temperature 0.
 SEEDS = range(1, 7)
 
@@ -221,16 +213,8 @@ def test_constrained_and_free_rows_share_steps(oai):
     assert {r.choices[0].message.content for r in results[len(SEEDS):]} == {alone}
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
-     "response_format.json_schema.schema"),
-    ({"response_format": {"type": "xml"}}, "response_format.type"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 5,
-                                                                              "maximum": 1}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"guided_regex": "[a-"}, "guided_regex"),
-])
+@pytest.mark.parametrize("body, field", [*BAD_CONSTRAINTS,
+                                         ({"response_format": {"type": "xml"}}, "response_format.type")])
 def test_bad_chat_constraints_are_400s_naming_the_field(oai, body, field):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8, extra_body=body)

@@ -14,6 +14,8 @@ import jsonschema
 import openai
 import pytest
 
+from integration_tests.chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+
 pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
 
 pytestmark = pytest.mark.quality
@@ -41,16 +43,6 @@ SCHEMAS = {
                 "required": ["values"], "additionalProperties": False},
 }
 BUDGET = 160
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The current weather in a city",
-                                            "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                     "unit": {"enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
-TIME = {"type": "function", "function": {"name": "get_time", "description": "The local time in a city",
-                                         "parameters": {"type": "object",
-                                                        "properties": {"city": {"type": "string", "maxLength": 20}},
-                                                        "required": ["city"], "additionalProperties": False}}}
-ASK = [{"role": "user", "content": "What is the weather in Paris? Answer in celsius."}]
 NAMED = {"type": "function", "function": {"name": "get_weather"}}
 REGEX = r"[0-9]{3}-[0-9]{4}"
 
@@ -221,15 +213,7 @@ def test_constrained_and_free_rows_run_side_by_side_and_free_greedy_rows_equal_v
     _check_calls([(c.function.name, c.function.arguments) for c in results[5].message.tool_calls], [WEATHER])
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "foo"}}}},
-     "response_format.json_schema.schema"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "integer", "minimum": 5,
-                                                                              "maximum": 1}}}]},
-     "tools[0].function.parameters"),
-    ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"guided_regex": "[a-"}, "guided_regex"),
-])
+@pytest.mark.parametrize("body, field", BAD_CONSTRAINTS)
 def test_bad_schemas_are_400s_naming_the_field_before_anything_runs(oai, body, field):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8, extra_body=body)

@@ -89,14 +89,14 @@ class ToolCalling:
             return None
         if self.choice != "required":
             index = self.names.index(self.choice)
-            return checked(Constraint("json", _compact(_parameters(self.functions[index])),
+            return checked(Constraint("json", compact_json(_parameters(self.functions[index])),
                                       f"tools[{index}].function.parameters"))
         calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": _parameters(f)},
                   "required": ["name", "arguments"], "additionalProperties": False} for f in self.functions]
         schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
         if not self.parallel:
             schema["maxItems"] = 1
-        return checked(Constraint("json", _compact(schema), "tools"))
+        return checked(Constraint("json", compact_json(schema), "tools"))
 
     def calls(self, text: str) -> tuple[str | None, list[tuple[str, str]]]:
         """The answer's text content (None when it holds only calls) and its calls, (name, arguments as JSON).
@@ -208,7 +208,8 @@ def _parameters(function: Mapping[str, Any]) -> Any:
     return function.get("parameters") or {"type": "object", "properties": {}}
 
 
-def _compact(value: Any) -> str:
+def compact_json(value: Any) -> str:
+    """``value`` as JSON without free whitespace, as every engine writes arguments and schemas."""
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -252,7 +253,7 @@ def _function(field: str, tool: Any) -> Mapping[str, Any]:
     if parameters is not None:
         if not isinstance(parameters, Mapping):
             raise invalid_field(f"{field}.function.parameters", parameters, "expected a JSON schema (an object)")
-        checked(Constraint("json", _compact(parameters), f"{field}.function.parameters"))
+        checked(Constraint("json", compact_json(parameters), f"{field}.function.parameters"))
     return {k: function[k] for k in ("name", "description", "parameters") if function.get(k) is not None}
 
 
@@ -308,13 +309,13 @@ def message_text(field: str, message: Mapping[str, Any]) -> str:
         except ValueError:
             raise invalid_field(f"{field}.tool_calls[{j}].function.arguments", function["arguments"],
                                 "expected a JSON object in a string") from None
-        parts.append(f"<tool_call>\n{_compact({'name': function['name'], 'arguments': arguments})}\n</tool_call>")
+        parts.append(f"<tool_call>\n{compact_json({'name': function['name'], 'arguments': arguments})}\n</tool_call>")
     return "\n".join(parts)
 
 
 def system_prompt(calling: ToolCalling) -> str:
     """The tools as a system message in the hermes format, for chat templates that do not render tools."""
-    listed = "\n".join(_compact(tool) for tool in calling.templated())
+    listed = "\n".join(compact_json(tool) for tool in calling.templated())
     return ("You may call one or more functions to assist with the user query. The functions are:\n"
             f"<tools>\n{listed}\n</tools>\nFor each call, write a JSON object with the function name and its "
             'arguments inside <tool_call></tool_call> tags:\n<tool_call>\n{"name": <function-name>, '
@@ -332,7 +333,7 @@ def _objects(texts: list[str], arguments_key: str) -> list[tuple[str, str]]:
             continue
         if isinstance(value, dict) and isinstance(value.get("name"), str) and isinstance(
                 value.get(arguments_key, value.get("arguments")), dict):
-            found.append((value["name"], _compact(value.get(arguments_key, value.get("arguments")))))
+            found.append((value["name"], compact_json(value.get(arguments_key, value.get("arguments")))))
     return found
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..config import ConfigError
 from .constraint import Constraint
-from .tools import Parser, ToolCalling
+from .tools import Parser, ToolCalling, compact_json
 
 
 def structured_outputs(constraint: Constraint | None) -> dict[str, Any] | None:
@@ -59,7 +59,7 @@ def tool_call_parser(tokenizer: Any, name: str, calling: ToolCalling) -> Parser:
         found = parser.extract_tool_calls(text, request=request)
         if not found.tools_called:
             return [], text
-        return [(call.function.name, _compact(call.function.arguments)) for call in found.tool_calls], \
+        return [(call.function.name, _compact_arguments(call.function.arguments)) for call in found.tool_calls], \
             found.content or ""
 
     return parse
@@ -81,9 +81,9 @@ def _parser_class(name: str) -> Any:
     return ToolParserManager.get_tool_parser(name)
 
 
-def _compact(arguments: str) -> str:
+def _compact_arguments(arguments: str) -> str:
     """vLLM's arguments text as compact JSON, as the other engines write it (as it came if it is not JSON)."""
     try:
-        return json.dumps(json.loads(arguments), separators=(",", ":"), ensure_ascii=False)
+        return compact_json(json.loads(arguments))
     except ValueError:
         return arguments
