@@ -185,7 +185,7 @@ class HandlerConfig:
         config = cls(
             model_dir=model_dir,
             model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
-            backend=_backend(props),
+            backend=requested_backend(props),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
             max_new_tokens=_int(props, "max_new_tokens"),
@@ -213,7 +213,7 @@ class HandlerConfig:
         return config
 
 
-def _backend(props: Mapping[str, Any]) -> str:
+def requested_backend(props: Mapping[str, Any]) -> str:
     """``option.backend``; ``option.rolling_batch=vllm`` selects vllm, and contradicts any other backend."""
     backend = parse_choice(props, "backend", "auto", backend_names())
     if _text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":

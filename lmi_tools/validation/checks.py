@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmi_handlers.backends.registry import BACKENDS, for_instance, hosts
-from lmi_handlers.config import ConfigError, parse_bool
+from lmi_handlers.config import ConfigError, parse_bool, requested_backend
 
 from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
@@ -79,7 +79,8 @@ def check_entry_point(target: Target) -> Finding:
 
 def check_keys(target: Target) -> list[Finding]:
     try:
-        backend = for_instance(target.props.get("backend", "auto").strip().lower(), target.instance.family).name
+        # as the handler resolves it: option.rolling_batch=vllm selects vllm under backend=auto
+        backend = for_instance(requested_backend(target.props), target.instance.family).name
     except (ConfigError, KeyError):
         return []  # an unknown or homeless backend: the properties or backend check says so
     findings = [Finding("warning", "options", message, "remove it or fix its name")

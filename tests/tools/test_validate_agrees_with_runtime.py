@@ -177,6 +177,9 @@ OPTIONS = st.fixed_dictionaries({}, optional={
 # A sliding window caps the sequence length the pool is sized for (Mistral's 4096 of its 32768 positions).
 @example(options={"kv_cache_memory_bytes": str(600 << 20), "max_model_len": "100000"},
          model_name="mistral-7b-window", instance="g5.2xlarge")
+# rolling_batch=vllm under backend=auto is vllm, whose options do not include neuronx's amp
+@example(options={"backend": "auto", "rolling_batch": "vllm", "amp": "f16"}, model_name="EleutherAI--gpt-j-6b",
+         instance="inf2.24xlarge")
 def test_generated_configurations(options, model_name, instance):
     model = MODEL_CONFIGS[model_name]
     with tempfile.TemporaryDirectory(prefix="lmi-agree-") as root:
