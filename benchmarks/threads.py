@@ -1,14 +1,17 @@
 """torch's thread count beside the server's own threads: ``lmi serve`` with default options under each
-``OMP_NUM_THREADS``, one server at a time, on ``serve_sweep.py``'s unique-prompt workload.
+``OMP_NUM_THREADS``, and with it unset (``default``: lmi's own policy), one server at a time, on
+``serve_sweep.py``'s unique-prompt workload.
 
-    .venv/bin/python benchmarks/threads.py                               # 1 and every CPU; C = 1, 16, 64
-    .venv/bin/python benchmarks/threads.py --threads 1,2,4 --concurrency 1,16 --model random-115m
+    .venv/bin/python benchmarks/threads.py                               # default, 1 and every CPU; C = 1, 16, 64
+    .venv/bin/python benchmarks/threads.py --threads default,1,2 --concurrency 1,16 --model random-115m
 
 A server process runs more than torch's workers: the HTTP front end, tokenizing and detokenizing, the step loop
 that builds each step's inputs. With as many torch threads as CPUs they preempt a torch worker in the middle of a
-product, and the product waits for its slowest thread; with one CPU fewer they have one of their own. Which is
+product, and the product waits for its slowest thread; with one CPU fewer they have one of their own. A prefill's
+wide products, on the other hand, share well, and while prompts are prefilled there is little to stream. Which is
 faster is a measurement on the machine at hand, so this script measures it: what ``lmi serve`` sets where
-``OMP_NUM_THREADS`` is unset (``lmi_handlers/backends/hf/cpu/kernels.py``, ``default_threads``) comes from here.
+``OMP_NUM_THREADS`` is unset (``lmi_handlers/backends/hf/cpu/kernels.py``, ``default_threads``: one CPU fewer for a
+decode step, every CPU for a wide one) comes from here.
 
 Prints output tokens/s and TTFT p50 per thread count and concurrency, and the load average before and after (on a
 shared machine the figures move with it). Figures, not assertions. Results also go to ``out/threads.json``.
@@ -31,7 +34,8 @@ from lmi_tools.bench.prompts import TokenCounter  # noqa: E402
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", default=f"1,{os.cpu_count() or 1}", help="OMP_NUM_THREADS values to compare")
+    parser.add_argument("--threads", default=f"default,1,{os.cpu_count() or 1}",
+                        help="OMP_NUM_THREADS values to compare; default: unset, lmi's own policy")
     parser.add_argument("--concurrency", default="1,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--model", choices=sorted(MODELS), default="smollm2-unique")
@@ -45,13 +49,15 @@ def main() -> None:
     workdir = OUT / "threads"
     workdir.mkdir(parents=True, exist_ok=True)
     report = {"load": os.getloadavg(), "cpus": os.cpu_count(), "model": model.name, "runs": {}}
-    for threads in (int(t) for t in args.threads.split(",")):
+    os.environ.pop("OMP_NUM_THREADS", None)  # each server gets its own below; "default" leaves it unset
+    for threads in args.threads.split(","):
         print(f"OMP_NUM_THREADS={threads}", flush=True)
         port = free_port()
         argv, env, ready = lmi_command(model, port, workdir, args.lmi_option)
+        if threads != "default":
+            env = {**env, "OMP_NUM_THREADS": threads}
         try:
-            with running(argv, {**env, "OMP_NUM_THREADS": str(threads)}, ready, port,
-                         workdir / f"lmi-{threads}.log") as base:
+            with running(argv, env, ready, port, workdir / f"lmi-{threads}.log") as base:
                 report["runs"][threads] = sweep(base, model, prompts, counter, levels, args.requests_per_client,
                                                 ignore_eos=model.ignore_eos)
         except NotRun as exc:

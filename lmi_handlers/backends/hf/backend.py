@@ -31,7 +31,7 @@ from ...config import ConfigError, HandlerConfig
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import check_target, choose, default_threads
+from .cpu.kernels import WIDE_ROWS, check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
@@ -106,13 +106,16 @@ class HFBackend:
         hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
         device = resolve_device(torch, config.device)
+        self.threads = default_threads() if device == "cpu" else None  # torch's threads per step, where lmi sets them
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
-            if threads := default_threads():
-                torch.set_num_threads(threads)
-            logger.info("torch threads: %d (%s)", torch.get_num_threads(),
-                        "one CPU left to the server's own threads" if threads else "OMP_NUM_THREADS")
+            if self.threads is None:
+                logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
+            else:
+                torch.set_num_threads(self.threads.narrow)
+                logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
+                            "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
         options = HfOptions.from_properties(config.properties)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
@@ -262,6 +265,10 @@ class HFBackend:
         return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), getattr(out, self.cache_keyword)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+        if self.threads is not None:
+            threads = self.threads.for_step(sum(len(chunk.tokens) for chunk in batch))
+            if threads != self.torch.get_num_threads():
+                self.torch.set_num_threads(threads)
         with self.torch.inference_mode():
             return self.runner.step(batch)
 

@@ -23,10 +23,13 @@ Each build's name carries its capability and a key of the Python environment and
 environments sharing the cache (the two test environments) keep their own builds instead of rebuilding over each
 other's.
 
-The torch thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set; else it is one less
-than the CPUs this process may run on, at least one: the server's own threads (HTTP, tokenizing, the step loop)
-keep a core instead of preempting torch's workers in the middle of a product (``benchmarks/threads.py`` measures
-it; docs/optimizations.md has the figures).
+torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else it follows the
+step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
+the server's own threads (HTTP, tokenizing, streaming, the step loop) keep a core instead of preempting torch's
+workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: prompts being prefilled) runs on
+every CPU, since its products are large enough to share and the server has little to stream meanwhile. The
+products give the same bits on any thread count (torch's product and attention split rows, not the sums), so the
+answers do not depend on it (``benchmarks/threads.py`` measures the policy; docs/optimizations.md has the figures).
 """
 
 from __future__ import annotations
@@ -166,12 +169,23 @@ def _built(torch: Any, module: Any, reasons: list[str]) -> Any:
     return kernel
 
 
-def default_threads() -> int | None:
-    """The torch thread count to set, or None where ``OMP_NUM_THREADS`` already says it (module docstring)."""
+@dataclass(frozen=True)
+class StepThreads:
+    """torch's thread count for a narrow step and for a wide one (module docstring)."""
+
+    narrow: int
+    wide: int
+
+    def for_step(self, tokens: int) -> int:
+        return self.wide if tokens >= WIDE_ROWS else self.narrow
+
+
+def default_threads() -> StepThreads | None:
+    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them (module docstring)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cpus - 1)
+    return StepThreads(narrow=max(1, cpus - 1), wide=cpus)
 
 
 def float32_cpu_linears(torch: Any, model: Any, key: str, value: str) -> list[Any]:
