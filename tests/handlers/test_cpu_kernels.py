@@ -210,6 +210,26 @@ def test_a_step_runs_on_the_thread_count_of_its_width(tiny_model_dir, tmp_path, 
         torch.set_num_threads(before)
 
 
+def test_a_wide_step_gives_the_same_logits_on_one_thread_as_on_two(tiny_model_dir):
+    # The per-step thread count may change no answer: torch's products and attention split rows across threads.
+    import torch
+
+    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
+    ids = torch.randint(3, model.config.vocab_size, (2, WIDE_ROWS), generator=torch.Generator().manual_seed(0))
+    before = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            logits = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                logits.append(model(input_ids=ids).logits)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(*logits)
+
+
 @pytest.mark.parametrize("kind", ["onednn", "compiled"])
 def test_wide_rows_go_through_torchs_product_on_the_stock_weights(kind):
     import torch
