@@ -185,14 +185,11 @@ def test_torch_threads_leave_one_cpu_to_the_server_but_on_wide_steps_unless_omp_
 def test_a_step_runs_on_the_thread_count_of_its_width(tiny_model_dir, tmp_path, monkeypatch):
     import torch
 
-    from lmi_handlers.backends.hf.cpu import kernels
     from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS, StepThreads
     from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
     from lmi_handlers.sequence import SequenceState
 
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    monkeypatch.setattr(kernels, "default_threads", lambda: StepThreads(narrow=1, wide=2))
-    monkeypatch.setattr("lmi_handlers.backends.hf.backend.default_threads", kernels.default_threads)
+    monkeypatch.setattr("lmi_handlers.backends.hf.backend.default_threads", lambda: StepThreads(narrow=1, wide=2))
     before = torch.get_num_threads()
     try:
         handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_model_len=512)

@@ -27,9 +27,10 @@ torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where 
 step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
 the server's own threads (HTTP, tokenizing, streaming, the step loop) keep a core instead of preempting torch's
 workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: prompts being prefilled) runs on
-every CPU, since its products are large enough to share and the server has little to stream meanwhile. The
-products give the same bits on any thread count (torch's product and attention split rows, not the sums), so the
-answers do not depend on it (``benchmarks/threads.py`` measures the policy; docs/optimizations.md has the figures).
+every CPU, since its products are large enough to share and the server has little to stream meanwhile. A wide
+step's logits are the same bits on one thread as on two (torch's product and attention split rows, not the sums;
+``tests/handlers/test_cpu_kernels.py`` checks it), so the answers do not depend on the policy
+(``benchmarks/threads.py`` measures it; docs/optimizations.md has the figures).
 """
 
 from __future__ import annotations
