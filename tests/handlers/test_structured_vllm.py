@@ -4,7 +4,7 @@ import pytest
 
 from lmi_handlers.structured.constraint import Constraint
 from lmi_handlers.structured.tools import parse_tools
-from lmi_handlers.structured.vllm import structured_outputs, structured_outputs_params
+from lmi_handlers.backends.vllm.structured import structured_outputs, structured_outputs_params
 
 vllm_sampling = pytest.importorskip("vllm.sampling_params")
 
@@ -40,7 +40,7 @@ def test_auto_answers_on_the_vllm_engine_are_read_by_vllms_own_parser(smollm2_di
 
     from lmi_handlers.errors import ConfigError
     from lmi_handlers.structured.tools import ToolOptions, resolve
-    from lmi_handlers.structured.vllm import check_tool_parser, tool_call_parser
+    from lmi_handlers.backends.vllm.structured import check_tool_parser, tool_call_parser
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}

@@ -44,7 +44,7 @@ from .plan import HfPlan, plan, resolve_dtype
 from .quantize import model_bytes, quantize_weights
 from ..sampler import select_tokens
 from ...structured.masks import GrammarMasks
-from .tokenizer import HFTokenizer
+from ..tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
                           load_draft_tokenizer)
 

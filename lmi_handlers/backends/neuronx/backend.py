@@ -31,7 +31,7 @@ from ...errors import BackendError
 from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from ...sequence import Chunk, SequenceState
 from ..base import split_batch
-from ..hf.tokenizer import HFTokenizer
+from ..tokenizer import HFTokenizer
 from .artifacts import ArtifactStore
 from .options import KEYS, CompileSettings, NeuronxOptions, plan_compile
 from .runners import ContinuousRunner, NaiveRunner

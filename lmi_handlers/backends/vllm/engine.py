@@ -31,8 +31,8 @@ from ...events import Event, FinishReason
 from ...schemas import Schema
 from ...sequence import SequenceState
 from ...structured.tools import Parser, ToolCalling, ToolOptions
-from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
-from ..hf.tokenizer import HFTokenizer
+from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
+from ..tokenizer import HFTokenizer
 from .options import KEYS, Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, vllm_request
 
@@ -51,7 +51,7 @@ class VllmBackend:
     chunked_prefill = False
     request_fields = frozenset(EXTRA_FIELDS)
     #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
-    #: (``structured/vllm.py``).
+    #: (``structured.py``).
     structured_output = True
 
     def __init__(self, config: HandlerConfig):
@@ -101,7 +101,7 @@ class VllmBackend:
         return VllmLoop(self)
 
     def tool_call_parser(self, name: str, calling: ToolCalling) -> Parser:
-        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured/vllm.py``)."""
+        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured.py``)."""
         return tool_call_parser(self.tokenizer.hf, name, calling)
 
     def load_adapter(self, spec: AdapterSpec) -> AdapterSpec:
