@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
+from ...adapters import AdapterSpec, LoraOptions
 from ...config import HandlerConfig
 from ...errors import ConfigError, EngineStopped, InvalidRequest, invalid_field, status_of
 from ...events import Event, FinishReason
@@ -33,6 +33,7 @@ from ...sequence import SequenceState
 from ...structured.tools import Parser, ToolCalling, ToolOptions
 from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
 from ..tokenizer import HFTokenizer
+from .adapters import vllm_engine_args, vllm_lora_request
 from .options import KEYS, Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, vllm_request
 
