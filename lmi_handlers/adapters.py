@@ -21,8 +21,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .config import ConfigError, parse_bool, parse_int
-from .errors import AdapterNotFound, InvalidRequest, invalid_field
+from .errors import AdapterNotFound, ConfigError, InvalidRequest, invalid_field
+from .values import parse_bool, parse_int
 
 logger = logging.getLogger(__name__)
 

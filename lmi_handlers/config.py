@@ -16,6 +16,7 @@ from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
 from .schemas import RequestLimits
+from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
 
 logger = logging.getLogger(__name__)
 
@@ -71,64 +72,9 @@ UNUSED_LMI_KEYS = frozenset({
 })
 
 
-def _text(value: Any) -> str:
-    return value.strip() if isinstance(value, str) else str(value)
-
-
-TRUE_WORDS, FALSE_WORDS = ("true", "1", "yes"), ("false", "0", "no")
-
-
-def parse_bool(props: Mapping[str, Any], key: str, default: bool) -> bool:
-    if key not in props:
-        return default
-    text = _text(props[key]).lower()
-    if text in TRUE_WORDS:
-        return True
-    if text in FALSE_WORDS:
-        return False
-    raise ConfigError(key, props[key], "expected true or false")
-
-
-def parse_int(props: Mapping[str, Any], key: str, default: int | None, minimum: int = 1,
-              maximum: int | None = None) -> int | None:
-    if key not in props or _text(props[key]) == "":
-        return default
-    try:
-        value = int(_text(props[key]))
-    except ValueError:
-        raise ConfigError(key, props[key], "expected an integer") from None
-    if value < minimum or (maximum is not None and value > maximum):
-        upper = f" and <= {maximum}" if maximum is not None else ""
-        raise ConfigError(key, props[key], f"expected an integer >= {minimum}{upper}")
-    return value
-
-
 def _int(props: Mapping[str, Any], key: str) -> Any:
     option = INT_OPTIONS[key]
     return parse_int(props, key, option.default, option.minimum, option.maximum)
-
-
-def parse_float(props: Mapping[str, Any], key: str, default: float, low: float, high: float) -> float:
-    """A number in ``(low, high]``."""
-    if key not in props or _text(props[key]) == "":
-        return default
-    try:
-        value = float(_text(props[key]))
-    except ValueError:
-        raise ConfigError(key, props[key], f"expected a number in ({low:g}, {high:g}]") from None
-    if not low < value <= high:
-        raise ConfigError(key, props[key], f"expected a number in ({low:g}, {high:g}]")
-    return value
-
-
-def parse_choice(props: Mapping[str, Any], key: str, default: str, allowed: Iterable[str]) -> str:
-    allowed = tuple(allowed)
-    if key not in props or _text(props[key]) == "":
-        return default
-    value = _text(props[key])
-    if value.lower() not in allowed:
-        raise ConfigError(key, props[key], f"allowed values are {', '.join(allowed)}")
-    return value.lower()
 
 
 @dataclass(frozen=True)
@@ -172,11 +118,11 @@ class HandlerConfig:
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
         props = {k: v for k, v in props.items() if not callable(v)}
-        model_dir = _text(props.get("model_dir", "")) or os.getcwd()
+        model_dir = as_text(props.get("model_dir", "")) or os.getcwd()
         rolling = props.get("rolling_batch")
-        if rolling is not None and _text(rolling).lower() in DJL_REWRITES:
-            props["rolling_batch"] = DJL_REWRITES[_text(rolling).lower()]
-        elif rolling is not None and _text(rolling).lower() in LMI_ENGINES:
+        if rolling is not None and as_text(rolling).lower() in DJL_REWRITES:
+            props["rolling_batch"] = DJL_REWRITES[as_text(rolling).lower()]
+        elif rolling is not None and as_text(rolling).lower() in LMI_ENGINES:
             raise ConfigError("rolling_batch", rolling,
                               "that engine belongs to LMI's built-in handlers (LMI images rewrite "
                               "option.rolling_batch=auto into it); lmi_handlers runs its own continuous batching: "
@@ -184,7 +130,7 @@ class HandlerConfig:
         tp = props.get("tensor_parallel_degree")
         config = cls(
             model_dir=model_dir,
-            model_id=_resolve_model_id(_text(props.get("model_id", "")), model_dir),
+            model_id=_resolve_model_id(as_text(props.get("model_id", "")), model_dir),
             backend=requested_backend(props),
             dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
@@ -197,7 +143,7 @@ class HandlerConfig:
             max_rolling_batch_prefill_tokens=_int(props, "max_rolling_batch_prefill_tokens"),
             enable_chunked_prefill=parse_bool(props, "enable_chunked_prefill", False),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
-            tensor_parallel_degree=None if tp is not None and _text(tp) == "max"
+            tensor_parallel_degree=None if tp is not None and as_text(tp) == "max"
             else _int(props, "tensor_parallel_degree"),
             max_model_len=_int(props, "max_model_len"),
             limits=RequestLimits(
@@ -216,7 +162,7 @@ class HandlerConfig:
 def requested_backend(props: Mapping[str, Any]) -> str:
     """``option.backend``; ``option.rolling_batch=vllm`` selects vllm, and contradicts any other backend."""
     backend = parse_choice(props, "backend", "auto", backend_names())
-    if _text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":
+    if as_text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":
         return backend
     if backend != "auto":
         raise ConfigError("backend", props["backend"], "option.rolling_batch=vllm runs vLLM's engine: set "
@@ -234,7 +180,7 @@ def backend_names() -> tuple[str, ...]:
 def is_rolling(value: Any) -> bool:
     """Whether an ``option.rolling_batch`` value turns rolling batch on: anything but ``disable`` (unset is
     ``disable``). DJLServing's front end decides the same way, so ``lmi serve`` asks this too."""
-    return _text(value or "disable").lower() != "disable"
+    return as_text(value or "disable").lower() != "disable"
 
 
 def _resolve_model_id(model_id: str, model_dir: str) -> str:
