@@ -31,7 +31,8 @@ from ...config import ConfigError, HandlerConfig
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import WIDE_ROWS, check_target, choose, default_threads
+from .cpu.common import WIDE_ROWS
+from .cpu.kernels import check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
