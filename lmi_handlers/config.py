@@ -14,6 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
+from . import dtypes
 from .errors import ConfigError
 from .schemas import RequestLimits
 from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
@@ -29,8 +30,6 @@ LMI_ENGINES = ("lmi-dist", "tnx", "trtllm")
 # (LmiConfigRecommender, v0.29), so "tnx" can only mean "auto" here. The GPU image's rewrite to lmi-dist (with
 # MPI mode) cannot be undone on this side and stays refused; its rewrite to vllm selects the vllm backend.
 DJL_REWRITES = {"tnx": "auto"}
-DTYPES = {"auto": "auto", "fp32": "fp32", "float32": "fp32", "fp16": "fp16", "float16": "fp16",
-          "bf16": "bf16", "bfloat16": "bf16"}
 
 
 @dataclass(frozen=True)
@@ -42,8 +41,6 @@ class IntOption:
     maximum: int | None = None
 
 
-#: ``option.dtype``'s values as the handler names them (the spec's choices).
-DTYPE_NAMES = tuple(dict.fromkeys(DTYPES.values()))
 # The handler's integer options: the one place their defaults and ranges are stated.
 INT_OPTIONS = {
     "max_new_tokens": IntOption(30),
@@ -132,7 +129,7 @@ class HandlerConfig:
             model_dir=model_dir,
             model_id=_resolve_model_id(as_text(props.get("model_id", "")), model_dir),
             backend=requested_backend(props),
-            dtype=DTYPES[parse_choice(props, "dtype", "auto", DTYPES)],
+            dtype=dtypes.option(props),
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
             max_new_tokens=_int(props, "max_new_tokens"),
             output_formatter=parse_choice(props, "output_formatter", "", OUTPUT_FORMATTERS),

@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmi_handlers.backends.hf.plan import DTYPE_BYTES
+from lmi_handlers.dtypes import BYTES as DTYPE_BYTES
 from lmi_handlers.backends.neuronx.options import SERIAL_TYPES
 
 from ..models.architecture import Architecture

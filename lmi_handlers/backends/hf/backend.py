@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...config import ConfigError, HandlerConfig
+from ...dtypes import LONG
+from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
@@ -41,7 +43,7 @@ from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
 from .options import KEYS, HfOptions
 from .paged_cache import BlockManager, PoolPlan, make_paged_cache
-from .plan import HfPlan, plan, resolve_dtype
+from .plan import HfPlan, plan
 from .quantize import model_bytes, quantize_weights
 from ..sampler import select_tokens
 from ...structured.masks import GrammarMasks
@@ -72,8 +74,7 @@ def torch_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: A
         from transformers import AutoConfig
 
         stored = AutoConfig.from_pretrained(model_dir, **source).to_dict()
-    name = resolve_dtype(dtype, device, stored)
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    return getattr(torch, LONG[resolve_dtype(dtype, device, stored)])
 
 
 def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:

@@ -14,12 +14,10 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
+from ... import dtypes
 from ...config import parse_bool, parse_float, parse_int
 from ...errors import ConfigError
 
-#: LMI's dtype names -> vLLM's.
-DTYPES = {"auto": "auto", "fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
-          "bf16": "bfloat16", "bfloat16": "bfloat16"}
 #: LMI's speculative options -> keys of vLLM's ``speculative_config``.
 SPECULATIVE = {"speculative_length": "num_speculative_tokens", "draft_model_tp_size": "draft_tensor_parallel_size",
                "ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min"}
@@ -75,7 +73,7 @@ class Options:
     def from_properties(cls, props: Mapping[str, Any]) -> "Options":
         tp = props.get("tensor_parallel_degree")
         values: dict[str, Any] = dict(
-            dtype=_dtype(props),
+            dtype=dtypes.option(props),
             max_model_len=parse_int(props, "max_model_len", None) or parse_int(props, "n_positions", None),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
             revision=_text(props.get("revision")) or None,
@@ -101,7 +99,7 @@ class Options:
     def engine_args(self, model: str, accepted: Mapping[str, Any] = {}) -> dict[str, Any]:
         """Keyword arguments for vLLM's ``EngineArgs``: the set options, then the pass-through ones that name a
         field of ``accepted`` (EngineArgs' fields and their defaults), typed like those defaults."""
-        args: dict[str, Any] = {"model": model, "tokenizer": model, "dtype": self.dtype,
+        args: dict[str, Any] = {"model": model, "tokenizer": model, "dtype": dtypes.LONG.get(self.dtype, self.dtype),
                                 "trust_remote_code": self.trust_remote_code,
                                 "tensor_parallel_size": self.tensor_parallel_size or 1,
                                 "pipeline_parallel_size": self.pipeline_parallel_size}
@@ -158,13 +156,6 @@ def neuron_config(options: Options) -> dict[str, Any]:
 
 def _text(value: Any) -> str:
     return "" if value is None else (value.strip() if isinstance(value, str) else str(value))
-
-
-def _dtype(props: Mapping[str, Any]) -> str:
-    value = _text(props.get("dtype")).lower() or "auto"
-    if value not in DTYPES:
-        raise ConfigError("dtype", props["dtype"], f"allowed values are {', '.join(DTYPES)}")
-    return DTYPES[value]
 
 
 def _optional_bool(props: Mapping[str, Any], key: str) -> bool | None:
