@@ -30,6 +30,8 @@ logger = logging.getLogger(__name__)
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 #: The folder beside serving.properties whose sub-folders are registered at start.
 FOLDER = "adapters"
+#: The options ``LoraOptions`` reads.
+KEYS = frozenset({"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"})
 _uids = itertools.count(1)
 
 
@@ -53,6 +55,23 @@ class LoraOptions:
             raise ConfigError("max_cpu_loras", options.max_cpu_loras,
                               f"must be at least option.max_loras ({options.max_loras})")
         return options
+
+
+@dataclass(frozen=True)
+class AdapterRule:
+    """How a backend serves LoRA adapters (its package's ``ADAPTERS``; a backend without one serves none): what it
+    refuses at load, and what ``lmi validate`` checks each adapter against."""
+
+    #: The largest ``option.max_lora_rank`` it serves; None: any.
+    max_rank: int | None = None
+    #: Module names an adapter may not adapt.
+    refused_modules: tuple[str, ...] = ()
+
+    def check(self, options: LoraOptions, backend: str) -> None:
+        """``ConfigError`` for LoRA options the backend cannot serve."""
+        if options.enabled and self.max_rank is not None and options.max_lora_rank > self.max_rank:
+            raise ConfigError("max_lora_rank", options.max_lora_rank, f"the {backend} backend serves ranks up to "
+                              f"{self.max_rank}")
 
 
 @dataclass(frozen=True)

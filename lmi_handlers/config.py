@@ -1,29 +1,32 @@
-"""Typed configuration from the init call's properties (``serving.properties`` without ``option.``).
+"""The handler's own settings from the init call's properties (``serving.properties`` without ``option.``).
 
 DJLServing sends every option once, on the empty init call, as strings. ``HandlerConfig.from_properties``
 converts each key with an explicit rule; a bad value raises ``ConfigError`` naming the key, the value
-and what is allowed. Unknown keys are warned about (with a did-you-mean suggestion), never silently
-dropped. Parsing has no side effects: no environment writes, no device probing.
+and what is allowed. ``check_unknown_keys`` says which keys nobody reads (with a did-you-mean suggestion), so
+that none is silently dropped. Parsing has no side effects: no environment writes, no device probing.
+
+The names a backend owns (``option.backend``, and the ``option.rolling_batch`` values that select one) are the
+registry's: ``deployment.py`` checks them, and this module never imports the registry.
 """
 
 from __future__ import annotations
 
 import difflib
-import logging
 import os
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from . import dtypes
+from .adapters import KEYS as LORA_KEYS
 from .errors import ConfigError
 from .schemas import RequestLimits
+from .structured.tools import KEYS as TOOL_KEYS
 from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
 
-logger = logging.getLogger(__name__)
-
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse", "json_chat", "jsonlines_chat", "sse_chat")
-# "vllm" runs the steps in vLLM's engine (the vllm backend); the others in our engine.
-ROLLING_BATCH_MODES = ("disable", "auto", "scheduler", "vllm")
+# The handler's own option.rolling_batch values: off, and on with the backend's engine. A backend's package may own
+# more, each selecting that backend (vllm: "vllm"); deployment.py reads them from the registry.
+ROLLING_BATCH_MODES = ("disable", "auto", "scheduler")
 # Rolling-batch engines of the built-in LMI handlers that this handler does not drive.
 LMI_ENGINES = ("lmi-dist", "tnx", "trtllm")
 # DJLServing's Neuron image rewrites option.rolling_batch=auto to "tnx" before the handler sees it
@@ -81,8 +84,8 @@ class HandlerConfig:
     model_dir: str
     #: Local directory (or hub id) of the weights; defaults to the model directory itself.
     model_id: str
-    #: A backend of ``backends/registry.py`` (vllm, neuronx, hf, scripted) or ``auto``: the first the registry finds
-    #: available here. ``option.rolling_batch=vllm`` selects vllm.
+    #: ``option.backend`` as written (lower case): a backend of ``backends/registry.py`` or ``auto``, which
+    #: ``deployment.py`` checks and resolves (``option.rolling_batch=vllm`` selects vllm).
     backend: str = "auto"
     dtype: str = "auto"
     device: str = "auto"
@@ -92,6 +95,7 @@ class HandlerConfig:
     output_formatter: str = ""
     tgi_compat: bool = False
     batch_size: int = 1
+    #: ``ROLLING_BATCH_MODES``, or a name a backend owns (``deployment.py`` checks it against the registry).
     rolling_batch: str = "disable"
     max_rolling_batch_size: int = 32
     #: Upper bound on prompt tokens prefilled in one rolling-batch step (None: no bound; 512 when chunking).
@@ -128,14 +132,14 @@ class HandlerConfig:
         config = cls(
             model_dir=model_dir,
             model_id=_resolve_model_id(as_text(props.get("model_id", "")), model_dir),
-            backend=requested_backend(props),
+            backend=as_text(props.get("backend", "")).lower() or "auto",
             dtype=dtypes.option(props),
             device=parse_choice(props, "device", "auto", ("auto", "cpu", "cuda")),
             max_new_tokens=_int(props, "max_new_tokens"),
             output_formatter=parse_choice(props, "output_formatter", "", OUTPUT_FORMATTERS),
             tgi_compat=parse_bool(props, "tgi_compat", False),
             batch_size=_int(props, "batch_size"),
-            rolling_batch=parse_choice(props, "rolling_batch", "disable", ROLLING_BATCH_MODES),
+            rolling_batch=as_text(props.get("rolling_batch", "")).lower() or "disable",
             max_rolling_batch_size=_int(props, "max_rolling_batch_size"),
             max_rolling_batch_prefill_tokens=_int(props, "max_rolling_batch_prefill_tokens"),
             enable_chunked_prefill=parse_bool(props, "enable_chunked_prefill", False),
@@ -154,24 +158,6 @@ class HandlerConfig:
                               "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "
                               "set option.rolling_batch=disable or batch_size=1")
         return config
-
-
-def requested_backend(props: Mapping[str, Any]) -> str:
-    """``option.backend``; ``option.rolling_batch=vllm`` selects vllm, and contradicts any other backend."""
-    backend = parse_choice(props, "backend", "auto", backend_names())
-    if as_text(props.get("rolling_batch", "")).lower() != "vllm" or backend == "vllm":
-        return backend
-    if backend != "auto":
-        raise ConfigError("backend", props["backend"], "option.rolling_batch=vllm runs vLLM's engine: set "
-                          "option.backend=vllm (or auto), or option.rolling_batch=auto for this backend")
-    return "vllm"
-
-
-def backend_names() -> tuple[str, ...]:
-    """What ``option.backend`` allows: ``auto`` and every backend of the registry."""
-    from .backends.registry import NAMES  # the registry reads this module: imported when first asked
-
-    return NAMES
 
 
 def is_rolling(value: Any) -> bool:
@@ -196,9 +182,7 @@ HANDLER_KEYS = frozenset({
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
-    # tool calling (structured/tools.py)
-    "enable_auto_tool_choice", "tool_call_parser",
-}) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}  # LoRA adapters (adapters.LoraOptions)
+}) | frozenset(TOOL_KEYS) | LORA_KEYS
 
 
 def _as_written(key: str) -> str:
@@ -207,7 +191,7 @@ def _as_written(key: str) -> str:
 
 
 def check_unknown_keys(props: Mapping[str, Any], backend_keys: Iterable[str] = ()) -> list[str]:
-    """Log (and return) one warning per key nobody reads, with a did-you-mean suggestion."""
+    """One warning per key nobody reads, with a did-you-mean suggestion (``deployment.py`` logs them at load)."""
     known = HANDLER_KEYS | SERVER_KEYS | frozenset(backend_keys)
     warnings = []
     for key in sorted(props):
@@ -219,6 +203,5 @@ def check_unknown_keys(props: Mapping[str, Any], backend_keys: Iterable[str] = (
             guess = difflib.get_close_matches(key, sorted(known | UNUSED_LMI_KEYS), n=1, cutoff=0.75)
             hint = f"; did you mean {_as_written(guess[0])}?" if guess else ""
             message = f"unknown option.{key} is ignored{hint}"
-        logger.warning(message)
         warnings.append(message)
     return warnings

@@ -1,6 +1,7 @@
 """The handler behind ``handle(inputs)``: load on the init call, then serve every request shape.
 
-* the empty init call: parse ``HandlerConfig`` from its properties, load the backend, return None;
+* the empty init call: resolve its properties into a ``Deployment`` (``deployment.py``: the settings, the backend and
+  its options, parsed once), load the backend, return None;
 * rolling batch (``option.rolling_batch=auto|scheduler``): one call per generation step;
 * otherwise a single request (a JSON body, or a stream via ``add_stream_content``) or a dynamic
   batch of N requests answered with N items ``batch_<i>.data``, each request on its own: an invalid
@@ -16,10 +17,9 @@ from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
-from .backends import BACKENDS, load_backend
 from .backends.base import Backend
-from .config import HandlerConfig, check_unknown_keys
-from .structured.tools import ToolOptions
+from .config import HandlerConfig
+from .deployment import Deployment, resolve
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, InvalidRequest, status_of
@@ -32,9 +32,10 @@ logger = logging.getLogger(__name__)
 class Handler:
     """Holds the configuration, backend and engine of one model; ``handle`` is the entry point."""
 
-    def __init__(self, backend_loader: Callable[[HandlerConfig], Backend] = load_backend):
+    def __init__(self, backend_loader: Callable[[Deployment], Backend] = Deployment.load):
         self.backend_loader = backend_loader
         self.initialized = False
+        self.deployment: Deployment | None = None
         self.config: HandlerConfig | None = None
         self.backend: Backend | None = None
         self.engine: Engine | None = None
@@ -42,21 +43,20 @@ class Handler:
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
 
     def initialize(self, properties: dict[str, Any]) -> None:
-        config = HandlerConfig.from_properties(properties)
-        backend = self.backend_loader(config)
-        check_unknown_keys(config.properties, backend.option_keys)
-        ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
-        options = lora.LoraOptions.from_properties(config.properties)
-        self.config, self.backend = config, backend
-        self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
+        deployment = resolve(properties)  # every option parsed here, once: a bad one refuses the load, not a request
+        logger.info("backend %s (%s)", deployment.backend.name, deployment.why)
+        for warning in deployment.warnings:
+            logger.warning("%s", warning)
+        config, backend = deployment.config, self.backend_loader(deployment)
+        self.deployment, self.config, self.backend = deployment, config, backend
+        self.adapters = lora.Adapters(deployment.lora, backend.load_adapter if deployment.backend.adapters else None)
         # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
-        step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
-        if step_loop is not None:
-            self.engine = step_loop(backend)
+        if deployment.backend.step_loop is not None:
+            self.engine = deployment.backend.step_loop(backend)
         else:
             self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
-            self.engine.scheduler.max_adapters = options.max_loras
-        self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
+            self.engine.scheduler.max_adapters = deployment.lora.max_loras
+        self.rolling = RollingBatch(self.engine, self._prepare) if deployment.mode.rolling else None
         self.initialized = True
 
     def handle(self, inputs: Any) -> Any:
@@ -75,9 +75,9 @@ class Handler:
 
     def _prepare(self, item: Any) -> Job:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
-        assert self.config is not None and self.backend is not None
+        assert self.deployment is not None and self.backend is not None
         try:
-            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
+            return prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
                                adapters=self.adapters)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):

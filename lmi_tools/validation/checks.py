@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_handlers.backends.registry import BACKENDS, for_instance, hosts
-from lmi_handlers.config import ConfigError, parse_bool, requested_backend
+from lmi_handlers.backends.registry import BACKENDS, hosts
+from lmi_handlers.config import ConfigError, parse_bool
 
 from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -78,13 +78,11 @@ def check_entry_point(target: Target) -> Finding:
 
 
 def check_keys(target: Target) -> list[Finding]:
-    try:
-        # as the handler resolves it: option.rolling_batch=vllm selects vllm under backend=auto
-        backend = for_instance(requested_backend(target.props), target.instance.family).name
-    except (ConfigError, KeyError):
-        return []  # an unknown or homeless backend: the properties or backend check says so
+    if target.choice is None:
+        return []  # no backend resolved for the instance: the properties or backend check says why
+    backend = target.choice.backend.name
     findings = [Finding("warning", "options", message, "remove it or fix its name")
-                for message in ignored_options(target.props, backend)]
+                for message in target.choice.unknown_keys()]
     for key in UNPARSED_BOOLEANS:
         try:
             parse_bool(target.props, key, False)
@@ -179,9 +177,9 @@ def check_batching(target: Target) -> list[Finding]:
                                 "rewrites auto to its own engine (tnx, lmi-dist, vllm) when it finds a config.json, "
                                 "and lmi_handlers refuses those", "use option.rolling_batch=scheduler (the same "
                                 "continuous batching here, left alone by DJLServing)"))
-    if config.rolling:
-        findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
-                                "sequences per step"))
+    if config.rolling:  # the batch the backend runs, as its plan says (vllm: max_num_seqs, which LMI sends)
+        batch = target.batch if target.plan is not None else config.max_rolling_batch_size
+        findings.append(Finding("ok", "batching", f"rolling batch: up to {batch} sequences per step"))
         plan = target.plan
         if plan is not None and plan.batch_size > 1 and not getattr(plan, "continuous_batching", True):
             findings.append(Finding("warning", "batching", f"the {target.backend} backend runs {arch.model_type} "

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
+from lmi_handlers.deployment import Choice
 
 from ..instances import Instance
 from ..models.architecture import Architecture
@@ -33,6 +34,8 @@ class Target:
     props: dict[str, str]
     instance: Instance
     config: HandlerConfig | None = None
+    #: The settings and the backend they resolve to on the instance (``deployment.choose``).
+    choice: Choice | None = None
     arch: Architecture | None = None
     arch_source: str = ""
     #: The model's ``config.json``, as the runtime's planner reads it.

@@ -1,8 +1,9 @@
 """``lmi validate``: check a model directory against its model and the instance before deploying it.
 
 ``validate_model_dir`` reads ``serving.properties`` (the way DJLServing does), the model's
-``config.json`` and the instance table, asks the runtime's own configuration and planning code what it
-makes of them (``runtime.py``), then runs the checks of ``checks.py`` and ``fit.py``. Each finding says
+``config.json`` and the instance table, asks the runtime's own resolver what it makes of them
+(``lmi_handlers/deployment.py``, with the instance as its target: ``runtime.py``), then runs the checks of
+``checks.py`` and ``fit.py``. Each finding says
 what is wrong and what to use instead; errors block ``lmi package``. The rules and their sources are
 listed in ``docs/configuration.md``.
 """
@@ -13,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmi_handlers.backends.registry import BACKENDS, for_instance
+from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
+from lmi_handlers.deployment import choose
 
 from ..instances import lookup
 from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
@@ -23,8 +25,8 @@ from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from ..modeldir.handler_config import handler_config
-from .runtime import check_files, plan_at
+from ..modeldir.handler_config import settings
+from .runtime import host, model, plan_at
 
 
 @dataclass
@@ -84,7 +86,7 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
                     instance=lookup(name), non_ascii=not text.isascii())
     findings: list[Finding] = []
     try:
-        target.config = handler_config(target.props, str(target.model_dir))
+        read = settings(target.props, str(target.model_dir))
     except ConfigError as exc:
         if entry_point_of(target.model_dir, target.props).own_handle:
             findings.append(Finding("info", "properties", f"{exc} for lmi_handlers, but model.py defines its own "
@@ -94,10 +96,12 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
             findings.append(Finding("error", "properties", str(exc),
                                     "fix this first: the handler would refuse to load with it"))
         return target, findings
+    target.config = read.config
     try:
-        target.backend = for_instance(target.config.backend, target.instance.family).name
+        target.choice = choose(read, host(target.instance))
     except ConfigError as exc:
         return target, findings + [Finding("error", "backend", str(exc))]
+    target.backend = target.choice.backend.name
     if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
     resolve_settings(target)
@@ -138,14 +142,13 @@ def _read_architecture(target: Target, path: Path, source: str) -> None:
 
 
 def resolve_settings(target: Target) -> None:
-    """TP, dtype, batch, sequence length and KV cache as they will be in effect: the backend's own load plan."""
+    """TP, dtype, batch, sequence length and KV cache as they will be in effect: the deployment the runtime resolves
+    for the instance (the backend's options, its checks and its own load plan)."""
     config, instance, entry = target.config, target.instance, BACKENDS[target.backend]
-    assert config is not None
+    assert config is not None and target.choice is not None
     target.tp = config.tensor_parallel_degree or instance.cores
     try:
-        check_files(entry, config)
-        if entry.plan is not None and target.model_config is not None:
-            target.plan = plan_at(target, target.tp)
+        target.plan = target.choice.deploy(model(target)).plan
     except ConfigError as exc:
         target.refusal = exc
     plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
@@ -158,7 +161,7 @@ def resolve_settings(target: Target) -> None:
 
 def _any_plan(target: Target) -> Any:
     """A plan at any TP degree of the instance: batch, positions and dtype do not depend on it."""
-    if target.refusal is None or target.model_config is None:
+    if target.refusal is None or target.model_config is None or BACKENDS[target.backend].plan is None:
         return None
     for tp in target.instance.tp_degrees:
         try:

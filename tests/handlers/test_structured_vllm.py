@@ -56,11 +56,10 @@ def test_auto_answers_on_the_vllm_engine_are_read_by_vllms_own_parser(smollm2_di
 
 
 def test_a_tool_parser_that_refuses_the_tokenizer_refuses_the_load_before_vllm_starts(smollm2_dir):
-    from lmi_handlers.backends.vllm.engine import VllmBackend
-    from lmi_handlers.config import HandlerConfig
+    from lmi_handlers.deployment import resolve
     from lmi_handlers.errors import ConfigError
 
-    config = HandlerConfig.from_properties({"model_id": str(smollm2_dir), "rolling_batch": "vllm",
-                                            "enable_auto_tool_choice": "true", "tool_call_parser": "llama3_json"})
+    deployment = resolve({"model_id": str(smollm2_dir), "rolling_batch": "vllm", "enable_auto_tool_choice": "true",
+                          "tool_call_parser": "llama3_json"})
     with pytest.raises(ConfigError, match=r"option\.tool_call_parser.*llama3_json"):
-        VllmBackend(config)
+        deployment.load()

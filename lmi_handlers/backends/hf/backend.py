@@ -41,7 +41,7 @@ from .cpu.onednn_linear import prepack_linears
 from .lora import LoraRows, load_lora
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
-from .options import KEYS, HfOptions
+from .options import HfOptions
 from .paged_cache import BlockManager, PoolPlan, make_paged_cache
 from .plan import HfPlan, plan
 from .quantize import model_bytes, quantize_weights
@@ -97,9 +97,8 @@ class HFBackend:
     name = "hf"
     #: Constrained requests are sampled under their grammar's token masks (``structured/masks.py``).
     structured_output = True
-    option_keys = KEYS
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: HfOptions):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +117,6 @@ class HFBackend:
                 torch.set_num_threads(self.threads.narrow)
                 logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
                             "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
-        options = HfOptions.from_properties(config.properties)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -199,7 +197,8 @@ class HFBackend:
             props = {k: v for k, v in config.properties.items() if k not in skip}
             if options.draft_quantize:
                 props["quantize"] = options.draft_quantize
-            model = HFBackend(dataclasses.replace(config, model_id=options.draft, properties=props))
+            model = HFBackend(dataclasses.replace(config, model_id=options.draft, properties=props),
+                              HfOptions.from_properties(props))
             if not isinstance(model.runner, PagedRunner):
                 raise ConfigError("speculative_draft_model", options.draft, "the draft's architecture cannot use "
                                   "the paged KV cache; pick a draft the target's runner supports, or [ngram]")

@@ -34,7 +34,7 @@ from ...structured.tools import Parser, ToolCalling, ToolOptions
 from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
 from ..tokenizer import HFTokenizer
 from .adapters import vllm_engine_args, vllm_lora_request
-from .options import KEYS, Options, engine_arg_defaults
+from .options import Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, vllm_request
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class VllmBackend:
     #: (``structured.py``).
     structured_output = True
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions):
         import vllm
         from vllm import EngineArgs
         from vllm.config import StructuredOutputsConfig
@@ -67,15 +67,15 @@ class VllmBackend:
                               "engine this backend drives (vLLM 0.8 or later; tested with 0.32); use an LMI image "
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
-        self.options = Options.from_properties(config.properties)
-        self.tokenizer = _tokenizer(config, self.options)
-        tool_parser = ToolOptions.from_properties(config.properties).parser
-        if tool_parser is not None:
-            check_tool_parser(self.tokenizer.hf, tool_parser)  # before vLLM's start, which takes minutes
+        self.options = options
+        self.tokenizer = _tokenizer(config, options)
+        if tools.parser is not None:
+            check_tool_parser(self.tokenizer.hf, tools.parser)  # before vLLM's start, which takes minutes
         accepted = engine_arg_defaults(EngineArgs)
-        self.option_keys = KEYS | set(accepted)
-        kwargs = self.options.engine_args(config.model_id, accepted)
-        kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        for key in sorted({key for key, _ in options.passthrough} - set(accepted)):
+            logger.warning("option.%s is ignored: vLLM %s has no engine argument %s", key, vllm.__version__, key)
+        kwargs = options.engine_args(config.model_id, accepted)
+        kwargs.update(vllm_engine_args(lora))
         # vLLM reads "no free whitespace in JSON" from its engine config, not from a request's parameters: compact
         # JSON by default, as on the hf engine (a request's whitespace_pattern still allows some), through the same
         # grammar library (llguidance: vLLM's "guidance" backend).

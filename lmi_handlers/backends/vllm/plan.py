@@ -23,9 +23,8 @@ from ...dtypes import BYTES as DTYPE_BYTES
 from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_dtype
 from .options import Options
 
-#: vLLM's defaults where the options leave them unset.
+#: vLLM's default where the options leave it unset.
 DEFAULT_UTILIZATION = 0.9
-DEFAULT_MAX_NUM_SEQS = 256
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
                           "GPUs, so the degree must divide them")
     dtype = resolve_dtype(options.dtype, device_memory.kind, model_config)
     length = options.max_model_len or max_positions(model_config) or DEFAULT_POSITIONS
-    batch = options.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    batch = options.max_num_seqs
     int8 = options.quantization in ("fp8", "int8", "bitsandbytes")
     if device_memory.kind != "cuda" or not device_memory.total:
         return VllmPlan(dtype, length, batch, None, tp, int8)
