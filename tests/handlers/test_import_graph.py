@@ -12,6 +12,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "lmi_handlers"
 
@@ -83,8 +85,12 @@ def find_circle(graph: dict[str, set[str]]) -> list[str]:
     return []
 
 
-def test_the_graph_holds_every_module_and_its_imports():
-    graph = import_graph()
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    return import_graph()
+
+
+def test_the_graph_holds_every_module_and_its_imports(graph):
     assert len(graph) > 60
     assert "lmi_handlers.backends.registry" in graph["lmi_handlers.deployment"]
     assert "lmi_handlers.structured.tools" in graph["lmi_handlers.backends.tokenizer"]  # a module-level import
@@ -96,6 +102,6 @@ def test_the_finder_finds_a_circle_through_a_lazy_import():
     assert find_circle({"a": {"b"}, "b": set()}) == []
 
 
-def test_lmi_handlers_imports_in_one_direction():
-    circle = find_circle(import_graph())
+def test_lmi_handlers_imports_in_one_direction(graph):
+    circle = find_circle(graph)
     assert not circle, "import circle: " + " -> ".join(circle)
