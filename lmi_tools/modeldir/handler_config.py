@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from lmi_handlers.backends.registry import BACKENDS, for_instance
-from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.config import check_unknown_keys
 from lmi_handlers.deployment import Settings, read_settings
 
 #: Where SageMaker and `docker run -v` put the model directory inside the container.
@@ -22,11 +22,6 @@ CONTAINER_MODEL_DIR = "/opt/ml/model"
 def settings(props: Mapping[str, str], model_dir: str) -> Settings:
     """The handler's settings as it reads them in the container; raises ``ConfigError``."""
     return read_settings(container_properties(props, model_dir))
-
-
-def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
-    """``HandlerConfig`` as the handler builds it in the container (its other settings checked too)."""
-    return settings(props, model_dir).config
 
 
 def container_properties(props: Mapping[str, str], model_dir: str) -> dict[str, str]:

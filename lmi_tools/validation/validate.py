@@ -3,9 +3,8 @@
 ``validate_model_dir`` reads ``serving.properties`` (the way DJLServing does), the model's
 ``config.json`` and the instance table, asks the runtime's own resolver what it makes of them
 (``lmi_handlers/deployment.py``, with the instance as its target: ``runtime.py``), then runs the checks of
-``checks.py`` and ``fit.py``. Each finding says
-what is wrong and what to use instead; errors block ``lmi package``. The rules and their sources are
-listed in ``docs/configuration.md``.
+``checks.py`` and ``fit.py``. Each finding says what is wrong and what to use instead; errors block
+``lmi package``. The rules and their sources are listed in ``docs/configuration.md``.
 """
 
 from __future__ import annotations

@@ -234,9 +234,8 @@ def test_the_issues_examples(tmp_path, buckets, refused):
 
 
 def test_validate_reads_the_tool_call_options_as_the_handler_does(tmp_path):
-    from lmi_handlers.config import ConfigError
-    from lmi_tools.modeldir.handler_config import handler_config
+    from lmi_tools.modeldir.handler_config import settings
 
     with pytest.raises(ConfigError, match="option.tool_call_parser='mistral'"):
-        handler_config({"tool_call_parser": "mistral"}, str(tmp_path))
-    assert handler_config({"enable_auto_tool_choice": "true", "tool_call_parser": "hermes"}, str(tmp_path))
+        settings({"tool_call_parser": "mistral"}, str(tmp_path))
+    assert settings({"enable_auto_tool_choice": "true", "tool_call_parser": "hermes"}, str(tmp_path)).tools.auto
