@@ -106,8 +106,10 @@ def _adjusted(torch: Any, logits: Any, seqs: Sequence[SequenceState], params: Se
         return logits
     device, vocab = logits.device, logits.shape[-1]
     scores = logits.clone()
-    biased = [(row, token, bias) for row, p in enumerate(params) for token, bias in dict(p.logit_bias or ()).items()]
-    if biased:  # an id outside the logits was refused at admission (job.py)
+    # An id outside the logits was refused at admission (job.py); one that got here anyway fails no neighbour.
+    biased = [(row, token, bias) for row, p in enumerate(params) for token, bias in dict(p.logit_bias or ()).items()
+              if token < vocab]
+    if biased:
         rows, tokens, biases = zip(*biased)
         scores.index_put_((torch.tensor(rows, device=device), torch.tensor(tokens, device=device)),
                           torch.tensor(biases, dtype=scores.dtype, device=device), accumulate=True)
