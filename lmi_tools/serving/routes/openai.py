@@ -133,7 +133,12 @@ async def completions(request: Request, store: Store) -> Response:
     adapter = _adapter(model, body.get("model"))
     lmi = {"inputs": prompt, "parameters": parameters, "stream": stream,
            **({"adapters": adapter} if adapter is not None else {})}
-    items = await generate(request, store, model, lmi, stream=stream)
+    try:
+        items = await generate(request, store, model, lmi, stream=stream)
+    except HttpError as exc:  # the model names LMI's fields: name the client's
+        message = exc.message.replace("parameters.top_logprobs", "logprobs").replace(
+            "parameters.max_new_tokens", "max_tokens").replace("parameters.", "")
+        raise HttpError(exc.code, exc.kind, message) from None
     completion = _Completion(model.name, body)
     if stream:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
