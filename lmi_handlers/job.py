@@ -122,8 +122,9 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
             seq = SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
                                 eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
                                 max_new_tokens=max_new, seed=None if seed is None else (seed + index) & MAX_SEED)
-            seq.adapter, seq.fork_of = adapter, first
-            first = first or seq
+            seq.adapter, seq.fork_of = adapter, first  # the others share the first choice's prompt blocks
+            if first is None:
+                first = seq
             seqs.append(seq)
             choices.append((len(encoders), index))
         fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat,
