@@ -147,7 +147,6 @@ class VllmLoop:
         try:
             if self.stopped is not None:
                 raise EngineStopped(self.stopped)
-            self._check_logit_bias(seq)
             self._check_seed(seq)
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
@@ -159,14 +158,6 @@ class VllmLoop:
             self.refused[seq.uid] = [seq.fail(*_request_error(exc, self.stopped))]
             return
         self.seqs[str(seq.uid)] = seq
-
-    def _check_logit_bias(self, seq: SequenceState) -> None:
-        """vLLM's engine does not check the ids itself (its OpenAI server does): one outside the vocabulary is the
-        client's error."""
-        outside = [token for token, _ in seq.request.sampling.logit_bias or () if token >= self.backend.vocab_size]
-        if outside:
-            raise InvalidRequest(f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to "
-                                 f"{self.backend.vocab_size - 1})", field="logit_bias", value=outside[0])
 
     def _check_seed(self, seq: SequenceState) -> None:
         """A seed on vLLM's CPU build with chunked prefill would stop the engine (``seeds_stop_engine``)."""
