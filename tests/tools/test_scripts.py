@@ -98,6 +98,9 @@ def test_readme_names_every_place_the_scripts_write_outside_the_clone(monkeypatc
     kernels = Path(torch.utils.cpp_extension.get_default_build_root()).relative_to(tmp_path.resolve())
     for path in (model, kernels):
         assert f"`~/{path}" in README, path
+    from lmi_tools.serving.worker import client  # each model's socket folder, removed with its worker
+
+    assert '"lmi-worker-"' in Path(client.__file__).read_text() and "`$TMPDIR/lmi-worker-*`" in README
     assert "apt-get remove --autoremove chromium" in README and "INSTALL_CHROMIUM=0" in README
     assert "TORCH_INDEX_URL" in README
 
