@@ -85,3 +85,4 @@ def test_a_workers_temp_folder_goes_when_its_model_is_unloaded_or_the_server_sto
     assert len(list(temp.glob("lmi-worker-*"))) == 1
     server.stop()  # SIGTERM: the server stops its workers, whose folders go with them
     assert list(temp.iterdir()) == [], server.logs()
+

@@ -102,12 +102,14 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
             raise
     store = ModelStore(config)
     store.one_at_a_time = one_at_a_time
-    for i, (name, path) in enumerate(targets):
-        try:
+    try:
+        for i, (name, path) in enumerate(targets):
             store.offer(name, str(path), load=i == 0 or not one_at_a_time)
-        except ValueError as exc:  # a bad number in a serving.properties
-            store.close()
+    except BaseException as exc:  # no worker started for an earlier model outlives a failed start
+        store.close()
+        if isinstance(exc, ValueError):  # a bad number in a serving.properties
             raise UsageError(str(exc)) from None
+        raise
     if one_listener:
         listeners = [(create_app(store), sockets[0])]
     else:
