@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from .test_docs_blocks import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text(encoding="utf-8")
 
@@ -105,16 +107,6 @@ def test_readme_names_every_place_the_scripts_write_outside_the_clone(monkeypatc
     assert "TORCH_INDEX_URL" in README
 
 
-def two_free_ports() -> int:
-    """A port that, with the next one, nothing listens on (the demo's PORT and PORT + 1)."""
-    while True:
-        with contextlib.closing(socket.socket()) as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = sock.getsockname()[1]
-        if not any(busy(p) for p in (port, port + 1)):
-            return port
-
-
 def busy(port: int) -> bool:
     with contextlib.closing(socket.socket()) as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
@@ -136,7 +128,7 @@ def run_demo(tmp_path: Path, port: int, **env: str) -> subprocess.CompletedProce
 
 @pytest.mark.parametrize("taken", [0, 1])  # the server's port, or its management API's (PORT + 1)
 def test_demo_on_a_busy_port_names_it_and_a_free_one_at_once(tmp_path, taken):
-    port = two_free_ports()
+    port = free_port(also_next=True)
     with listening(port + taken):
         result = run_demo(tmp_path, port)
     assert result.returncode == 1 and result.stdout == ""
@@ -162,7 +154,7 @@ def stand_in_lmi(tmp_path: Path, serve: str) -> Path:
     ('echo "error: cannot listen on 127.0.0.1:$port"; exit 2', "error: lmi serve stopped before it answered"),
 ])
 def test_demo_fails_loudly_when_the_server_never_answers(tmp_path, serve, message):
-    port = two_free_ports()
+    port = free_port(also_next=True)
     result = run_demo(tmp_path, port, VENV_BIN=str(stand_in_lmi(tmp_path, serve)), READY_TIMEOUT="3",
                       PYTHONPATH=str(ROOT))
     assert result.returncode == 1, result.stdout + result.stderr
