@@ -44,13 +44,13 @@ deadline=$((SECONDS + READY_TIMEOUT))
 until [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$PORT/ping")" = 200 ]; do
   if ! kill -0 "$SERVER" 2>/dev/null; then
     echo "error: lmi serve stopped before it answered; the end of $OUT/serve.log:" >&2
-    tail -15 "$OUT/serve.log" >&2
+    grep -v "GET /ping" "$OUT/serve.log" | tail -15 >&2
     exit 1
   fi
   if [ "$SECONDS" -ge "$deadline" ]; then
     echo "error: lmi serve did not answer GET /ping with 200 on port $PORT within $READY_TIMEOUT s" \
          "(READY_TIMEOUT=N gives it longer); the end of $OUT/serve.log:" >&2
-    tail -15 "$OUT/serve.log" >&2
+    grep -v "GET /ping" "$OUT/serve.log" | tail -15 >&2
     exit 1
   fi
   sleep 0.5
