@@ -67,10 +67,11 @@ async def models(store: Store) -> JSONResponse:
 async def model(store: Store, model_id: str) -> JSONResponse:
     """One model of the list (``openai``'s ``models.retrieve``); ids may hold slashes, as Hugging Face ids do."""
     found = store.get(model_id)
+    if found is None and model_id in store.catalog:  # known but not loaded: a 503 naming it, as on every route
+        raise HttpError(503, "ServiceUnavailableException", not_loaded(store, model_id))
     if found is None:
-        reason = not_loaded(store, model_id) if model_id in store.catalog else (
-            f"The model `{model_id}` does not exist: this server has {', '.join(store.models) or 'none'}")
-        raise HttpError(404, "ModelNotFoundException", reason)
+        raise HttpError(404, "ModelNotFoundException", f"The model `{model_id}` does not exist: this server has "
+                                                       f"{', '.join(store.models) or 'none'}")
     return JSONResponse(_model_object(found))
 
 
