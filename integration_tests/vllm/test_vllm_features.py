@@ -182,6 +182,42 @@ def test_every_tool_choice_streamed_or_not_and_a_tool_result_turn(oai, streamed_
     assert answers["tool result"].message.content
 
 
+def test_a_pydantic_tool_with_nested_models_works_with_every_tool_choice(oai):
+    """``openai.pydantic_function_tool``'s parameters refer to their own ``$defs``; the client's ``parse`` reads
+    forced calls back into the model."""
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=20)
+
+    class Trip(BaseModel):
+        origin: City
+        stops: list[City] = Field(max_length=2)
+
+    tool = openai.pydantic_function_tool(Trip)
+    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Plan a trip from Paris to Rome."}],
+               tools=[tool, WEATHER], max_tokens=BUDGET, temperature=0)
+    forced = _all([lambda choice=choice: oai.chat.completions.parse(**ask, tool_choice=choice).choices[0]
+                   for choice in ("required", {"type": "function", "function": {"name": "Trip"}})])
+    for answer in forced:
+        assert answer.finish_reason == "tool_calls" and answer.message.tool_calls[0].function.name == "Trip"
+        assert isinstance(answer.message.tool_calls[0].function.parsed_arguments, Trip)
+    auto = oai.chat.completions.create(**{**ask, "max_tokens": 64}, tool_choice="auto").choices[0]
+    for call in auto.message.tool_calls or []:
+        assert call.function.name in ("Trip", "get_weather") and json.loads(call.function.arguments) is not None
+    none = oai.chat.completions.create(**{**ask, "max_tokens": 8}, tool_choice="none").choices[0]
+    assert none.message.tool_calls is None and none.message.content
+
+
+def test_the_temperature_range_is_the_hf_engines(oai):
+    """Both engines take temperature in [0, 2] (``schemas.MAX_TEMPERATURE``) and refuse 3 with the same 400."""
+    chat = dict(model="smollm2", messages=ASK, max_tokens=2)
+    assert oai.chat.completions.create(**chat, temperature=2).choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(**chat, temperature=3)
+    assert caught.value.body["message"] == "temperature: expected a number in [0, 2], got 3"
+
+
 def test_constrained_and_free_rows_run_side_by_side_and_free_greedy_rows_equal_vllms_generate(server, oai,
                                                                                               reference):
     _, base = reference
