@@ -239,8 +239,10 @@ class ModelStore:
 
     def allowed(self, url: str, what: str) -> str:
         """``url``'s resolved path when ``model_url_pattern`` lets the management API load it (a model directory, an
-        adapter's folder), else ``NotAllowed``."""
+        adapter's folder), else ``NotAllowed`` (a ``ValueError`` for a URL that is no path at all)."""
         pattern = self.server.model_url_pattern
+        if "\x00" in url:  # no path holds one; Path.resolve would raise
+            raise ValueError(f"{what} URL {url!r} holds a NUL byte: send a directory's path")
         resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
         if pattern is None:
             raise NotAllowed(f"loading {what}s by URL is off: start lmi serve with --model-url-pattern REGEX to "
