@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import os
 import struct
-from typing import Any
+from typing import Any, BinaryIO
 
 #: The safetensors library's own limit on a header's length.
 MAX_HEADER_BYTES = 100 * 1024 * 1024
@@ -21,17 +21,20 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024
 def read_header(path: str | os.PathLike) -> dict[str, Any]:
     """The header of the safetensors file at ``path`` (``__metadata__`` included); ``ValueError`` when the file is
     not one, ``OSError`` when it cannot be read."""
-    size = os.path.getsize(path)
     with open(path, "rb") as file:
-        start = file.read(8)
-        if len(start) < 8:
-            raise ValueError(f"{size} bytes, shorter than a safetensors header")
-        (length,) = struct.unpack("<Q", start)
-        if length > min(MAX_HEADER_BYTES, size - 8):
-            raise ValueError(f"its header claims {length:,} bytes, more than the file's {size:,} bytes hold")
-        raw = file.read(length)
+        return header_of(file, os.fstat(file.fileno()).st_size)
+
+
+def header_of(stream: BinaryIO, size: int) -> dict[str, Any]:
+    """``read_header`` of a stream at its start, ``size`` bytes long (a member of an archive)."""
+    start = stream.read(8)
+    if len(start) < 8:
+        raise ValueError(f"{size} bytes, shorter than a safetensors header")
+    (length,) = struct.unpack("<Q", start)
+    if length > min(MAX_HEADER_BYTES, size - 8):
+        raise ValueError(f"its header claims {length:,} bytes, more than the file's {size:,} bytes hold")
     try:
-        header = json.loads(raw.decode("utf-8"))
+        header = json.loads(stream.read(length).decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
         raise ValueError(f"its header is not JSON ({exc})") from None
     if not isinstance(header, dict):

@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -232,6 +233,15 @@ def test_credentials_inside_compressed_members_are_found(tmp_path):
     assert any(p.startswith("notes.txt.gz: looks like a credential (it contains what detect-secrets' "
                             "GitHubTokenDetector takes for a secret (GitHub Token))")
                for p in inspect_artifact(archive).problems)
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as inner:
+        inner.writestr("readme.md", "x" * 1000)
+        inner.writestr("db.yaml", "password: hunter22\n")
+    archive = make_tar(tmp_path / "b.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                               regular("model.py", SHIM.encode()),
+                                               regular("docs.zip", zipped.getvalue())])
+    assert "docs.zip: looks like a credential (its member db.yaml: it contains what detect-secrets' KeywordDetector " \
+           "takes for a secret (Secret Keyword))" in inspect_artifact(archive).problems
 
 
 @pytest.mark.parametrize("instance, backend, problem", [
