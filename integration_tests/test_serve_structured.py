@@ -14,7 +14,8 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
-from .chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+from .chat_requests import (ASK, BAD_CONSTRAINTS, TIME, WEATHER,
+                            ask_a_pydantic_tool_with_every_tool_choice)
 
 pytestmark = pytest.mark.quality
 
@@ -196,30 +197,7 @@ def test_auto_and_none_and_a_tool_result_turn(oai):
 
 
 def test_a_pydantic_tool_with_nested_models_works_with_every_tool_choice(oai):
-    """``openai.pydantic_function_tool``'s parameters refer to their own ``$defs``; the client's ``parse`` reads
-    forced calls back into the model."""
-    from pydantic import BaseModel, Field
-
-    class City(BaseModel):
-        name: str = Field(max_length=20)
-
-    class Trip(BaseModel):
-        origin: City
-        stops: list[City] = Field(max_length=2)
-
-    tool = openai.pydantic_function_tool(Trip)
-    ask = dict(model="smollm2", messages=[{"role": "user", "content": "Plan a trip from Paris to Rome."}],
-               tools=[tool, WEATHER], max_tokens=BUDGET, temperature=0)
-    forced = _all([lambda choice=choice: oai.chat.completions.parse(**ask, tool_choice=choice).choices[0]
-                   for choice in ("required", {"type": "function", "function": {"name": "Trip"}})])
-    for answer in forced:
-        assert answer.finish_reason == "tool_calls" and answer.message.tool_calls[0].function.name == "Trip"
-        assert isinstance(answer.message.tool_calls[0].function.parsed_arguments, Trip)
-    auto = oai.chat.completions.create(**{**ask, "max_tokens": 64}, tool_choice="auto").choices[0]
-    for call in auto.message.tool_calls or []:
-        _check_call(call, [tool, WEATHER])
-    none = oai.chat.completions.create(**{**ask, "max_tokens": 8}, tool_choice="none").choices[0]
-    assert none.message.tool_calls is None and none.message.content
+    ask_a_pydantic_tool_with_every_tool_choice(oai, BUDGET)
 
 
 def test_constrained_and_free_rows_share_steps(oai):
