@@ -150,12 +150,10 @@ FILTERS = {"is_sequential_string": "secret", "is_potential_uuid": "secret", "is_
            "is_lock_file": "filename", "is_not_alphanumeric_string": "secret", "is_swagger_file": "filename"}
 #: The most of a line around a candidate handed to the line plugins (a minified JSON file is one line).
 WINDOW = 500
-#: Base64 (or base64url) blobs long enough to hide a token; decoded and read with the same rules.
-BASE64 = re.compile(rb"[A-Za-z0-9+/_-]{20,}={0,2}")
-
-
 #: A quoted hex string the line calls a hash (a file's sha256, a commit, a revision) is one, not a secret.
 HASH_WORDS = re.compile(r"(?i)sha\d*|md5|hash|digest|checksum|commit|revision|etag|fingerprint|uuid|\bo?id\b")
+#: Base64 (or base64url) blobs long enough to hide a token; decoded and read with the same rules.
+BASE64 = re.compile(rb"[A-Za-z0-9+/_-]{20,}={0,2}")
 
 
 @lru_cache(maxsize=1)
@@ -218,10 +216,11 @@ def utf16_text(data: bytes) -> bytes | None:
     """The text of ``data`` when it is UTF-16 (every other byte NUL, from its first 4 KiB), one byte a character
     (secrets are ASCII); else None."""
     sample = data[:4096]
-    if len(sample) < 32:
+    half = len(sample) // 2
+    if half < 16:
         return None
     for chars, nuls in ((0, 1), (1, 0)):
-        if sample[nuls::2].count(0) * 10 >= len(sample) * 9 // 2 and sample[chars::2].count(0) * 10 < len(sample) // 2:
+        if sample[nuls::2].count(0) >= 0.9 * half and sample[chars::2].count(0) < 0.1 * half:
             return data[chars::2]
     return None
 
