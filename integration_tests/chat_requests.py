@@ -53,7 +53,7 @@ def ask_a_pydantic_tool_with_every_tool_choice(oai, max_tokens):
     for answer in forced:
         assert answer.finish_reason == "tool_calls" and answer.message.tool_calls[0].function.name == "Trip"
         assert isinstance(answer.message.tool_calls[0].function.parsed_arguments, Trip)
-    auto = oai.chat.completions.create(**{**ask, "max_tokens": 48}, tool_choice="auto").choices[0]
+    auto = oai.chat.completions.create(**{**ask, "max_tokens": 24}, tool_choice="auto").choices[0]
     for call in auto.message.tool_calls or []:
         assert call.function.name == "Trip"
         jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
