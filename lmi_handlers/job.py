@@ -187,8 +187,7 @@ def _token_budget(request: GenerationRequest, prompt_tokens: int, limit: int) ->
     else:
         max_new = request.stopping.max_new_tokens
     if prompt_tokens + max_new > limit:
-        budget = "max_tokens" if request.schema is Schema.CHAT else (
-            "seq_length" if request.schema is Schema.LEGACY else "parameters.max_new_tokens")
+        budget = "seq_length" if request.schema is Schema.LEGACY else request.budget_field
         raise InvalidRequest(f"{budget}: the prompt is {prompt_tokens} tokens and {max_new} new tokens were asked "
                              f"for, {prompt_tokens + max_new} in all; this model holds at most {limit}. "
                              f"Ask for at most {limit - prompt_tokens} new tokens.", field=budget, value=max_new)

@@ -14,7 +14,8 @@ import jsonschema
 import openai
 import pytest
 
-from integration_tests.chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+from integration_tests.chat_requests import (ASK, BAD_CONSTRAINTS, TIME, WEATHER,
+                                             ask_a_pydantic_tool_with_every_tool_choice)
 
 pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
 
@@ -180,6 +181,19 @@ def test_every_tool_choice_streamed_or_not_and_a_tool_result_turn(oai, streamed_
     none = answers["none"]
     assert none.message.tool_calls is None and none.message.content and none.finish_reason == "length"
     assert answers["tool result"].message.content
+
+
+def test_a_pydantic_tool_with_nested_models_works_with_every_tool_choice(oai):
+    ask_a_pydantic_tool_with_every_tool_choice(oai, BUDGET)
+
+
+def test_the_temperature_range_is_the_hf_engines(oai):
+    """Both engines take temperature in [0, 2] (``schemas.MAX_TEMPERATURE``) and refuse 3 with the same 400."""
+    chat = dict(model="smollm2", messages=ASK, max_tokens=2)
+    assert oai.chat.completions.create(**chat, temperature=2).choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(**chat, temperature=3)
+    assert caught.value.body["message"] == "temperature: expected a number in [0, 2], got 3"
 
 
 def test_constrained_and_free_rows_run_side_by_side_and_free_greedy_rows_equal_vllms_generate(server, oai,

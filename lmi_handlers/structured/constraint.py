@@ -147,8 +147,8 @@ def from_guided(values: Mapping[str, Any], prefix: str = "") -> Constraint | Non
     """LMI's ``guided_json`` / ``guided_regex`` / ``guided_choice`` (at most one), in ``values``."""
     sent = [name for name in GUIDED_FIELDS[:3] if values.get(name) is not None]
     whitespace = values.get("guided_whitespace_pattern")
-    if whitespace is not None and (not isinstance(whitespace, str) or not whitespace):
-        raise invalid_field(prefix + "guided_whitespace_pattern", whitespace, "expected a regex (a non-empty string)")
+    if whitespace is not None:  # compiled on its own first, so that a bad pattern is blamed on its own field
+        regex(prefix + "guided_whitespace_pattern", whitespace)
     if len(sent) > 1:
         raise InvalidRequest(f"{prefix}{sent[1]}: only one of {', '.join(prefix + n for n in GUIDED_FIELDS[:3])} "
                              f"may be sent, got {', '.join(prefix + n for n in sent)}", field=prefix + sent[1])
