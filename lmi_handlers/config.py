@@ -255,6 +255,8 @@ HANDLER_KEYS = frozenset({
     "max_prompts_per_request",
     # tool calling (structured/tools.py)
     "enable_auto_tool_choice", "tool_call_parser",
+    # reasoning models (structured/reasoning.py)
+    "reasoning_parser",
 }) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}  # LoRA adapters (adapters.LoraOptions)
 
 

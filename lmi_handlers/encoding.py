@@ -24,6 +24,7 @@ from typing import Any
 
 from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
 from .request import GenerationRequest, Schema
+from .structured.reasoning import ReasoningReader
 from .structured.tools import CallReader, call_id
 
 
@@ -115,6 +116,8 @@ class Encoder:
         self._held = ""
         #: A forced tool call's reader, while the call streams (``_forced_call_chunks``).
         self._calls = CallReader(request.tools) if request.tools is not None and request.tools.forced else None
+        #: A reasoning model's answer, read apart as it streams (``structured/reasoning.py``).
+        self._thinking = ReasoningReader(request.reasoning) if request.reasoning is not None else None
 
     @property
     def content_type(self) -> str:
@@ -232,24 +235,29 @@ class Encoder:
         return {"content": [{"token": t.text, "logprob": t.log_prob,
                              "top_logprobs": [{"token": text, "logprob": p} for _, text, p in t.top]} for t in tokens]}
 
-    def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
-        """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""
+    def _tool_calls(self, result: GenerationResult) -> tuple[str | None, str | None, list[dict[str, Any]], str]:
+        """The answer's reasoning (None without ``option.reasoning_parser``), content, tool calls in OpenAI's shape
+        (read from the content), and finish reason."""
+        reasoning, text = (None, result.text) if self.request.reasoning is None else (
+            self.request.reasoning.split(result.text))
         if self.request.tools is None:
-            return result.text, [], OPENAI_FINISH[result.finish_reason]
-        content, calls = self.request.tools.calls(result.text)
+            return reasoning, text, [], OPENAI_FINISH[result.finish_reason]
+        content, calls = self.request.tools.calls(text or "")
         shaped = [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                   for name, arguments in calls]
-        return content, shaped, _call_finish(result, bool(shaped))
+        return reasoning, content, shaped, _call_finish(result, bool(shaped))
 
     def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
-        content, calls, reason = self._tool_calls(result)
+        reasoning, content, calls, reason = self._tool_calls(result)
         message: dict[str, Any] = {"role": "assistant", "content": content}
+        if reasoning is not None:
+            message.update(_thought(reasoning))
         if calls:
             message["tool_calls"] = calls
         return {"id": self._chat_id, "object": "chat.completion", "created": self._created,
                 "model": self.model_name,
                 "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(result.tokens),
-                             "finish_reason": reason}],
+                             "finish_reason": reason, "stop_reason": result.stop_sequence}],
                 "usage": self._usage(result)}
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
@@ -260,8 +268,8 @@ class Encoder:
     def _tool_call_chunks(self, result: GenerationResult) -> str:
         """An ``auto`` answer, streamed once it is complete (calls are read from the whole text): its content, then
         each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
-        content, calls, reason = self._tool_calls(result)
-        out = [self._chunk({"role": "assistant", "content": content})]
+        reasoning, content, calls, reason = self._tool_calls(result)
+        out = [self._chunk({"role": "assistant", "content": content, **_thought(reasoning)})]
         for i, call in enumerate(calls):
             out.append(self._call_head(i, call["function"]["name"], call["id"]))
             out.append(self._chunk({"tool_calls": [{"index": i, "function": {
@@ -277,7 +285,10 @@ class Encoder:
         if not self._sent_role:
             self._sent_role = True
             out.append(self._chunk({"role": "assistant", "content": None}))
-        for kind, index, value in self._calls.feed(event.token.text if event is not None else ""):
+        thought, text = self._think(event.token.text if event is not None else "", result is not None)
+        if thought:
+            out.append(self._chunk(_thought(thought)))
+        for kind, index, value in self._calls.feed(text):
             out.append(self._call_head(index, value, call_id()) if kind == "call" else
                        self._chunk({"tool_calls": [{"index": index, "function": {"arguments": value}}]}))
         if result is not None:
@@ -294,19 +305,33 @@ class Encoder:
         if self.request.tools is not None and self.request.tools.active:
             out = self._tool_call_chunks(result) if result is not None else ""
             return out + self._chat_end(result)
-        text = event.token.text if event is not None else ""
-        if not text and result is None and self._sent_role:
+        thought, text = self._think(event.token.text if event is not None else "", result is not None)
+        if not text and not thought and result is None and self._sent_role:
             return ""  # a held-back token: nothing for the client yet
-        delta: dict[str, Any] = {"content": text}
+        delta: dict[str, Any] = {"content": text} if text or not thought else _thought(thought)
+        if text and thought:
+            delta.update(_thought(thought))
         if not self._sent_role:
-            delta = {"role": "assistant", "content": text}
+            delta = {"role": "assistant", **delta}
             self._sent_role = True
         chunk = {"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
                  "model": self.model_name,
                  "choices": [{"index": 0, "delta": delta,
                               "logprobs": self._logprobs([event.token]) if event is not None else None,
-                              "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None}]}
+                              "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None,
+                              **({"stop_reason": result.stop_sequence} if result else {})}]}
         return self._frame(chunk) + self._chat_end(result)
+
+    def _think(self, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, content) of the next piece of a streamed answer; all of it is content without a reasoning
+        parser."""
+        if self._thinking is None:
+            return "", text
+        thought, content = self._thinking.feed(text)
+        if final:
+            more_thought, more_content = self._thinking.flush()
+            thought, content = thought + more_thought, content + more_content
+        return thought, content
 
     def _chat_end(self, result: GenerationResult | None) -> str:
         """After a stream's last chunk: the usage chunk if asked for, and ``[DONE]`` over SSE."""
@@ -319,6 +344,12 @@ class Encoder:
             if self.format.framing is Framing.SSE:
                 out += "data: [DONE]\n\n"
         return out
+
+
+def _thought(reasoning: str | None) -> dict[str, str]:
+    """A message's or delta's reasoning: ``reasoning_content`` (DeepSeek's and LMI's name) and ``reasoning`` (vLLM's
+    since 0.10), as clients read one or the other."""
+    return {} if reasoning is None else {"reasoning_content": reasoning, "reasoning": reasoning}
 
 
 def _call_finish(result: GenerationResult, called: bool) -> str:

@@ -19,6 +19,7 @@ from . import adapters as lora
 from .backends import BACKENDS, load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
+from .structured.reasoning import Reasoning, reasoning_for
 from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
@@ -40,12 +41,14 @@ class Handler:
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
+        self.reasoning: Reasoning | None = None
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
+        self.reasoning = reasoning_for(config.properties, getattr(backend.tokenizer, "hf", None))
         options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
@@ -78,7 +81,7 @@ class Handler:
         assert self.config is not None and self.backend is not None
         try:
             return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters)
+                               adapters=self.adapters, reasoning=self.reasoning)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")

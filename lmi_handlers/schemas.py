@@ -20,6 +20,7 @@ from .errors import invalid_field
 
 if TYPE_CHECKING:
     from .structured.constraint import Constraint
+    from .structured.reasoning import Reasoning
     from .structured.tools import ToolCalling
 
 MAX_SEED = 2**63 - 1
@@ -212,6 +213,8 @@ class GenerationRequest:
     constraint: Constraint | None = None
     #: Chat tool calling: the tools, ``tool_choice`` and how calls are read back (``structured/tools.py``).
     tools: ToolCalling | None = None
+    #: A reasoning model's convention (``option.reasoning_parser``): chat answers carry the reasoning apart.
+    reasoning: Reasoning | None = None
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,9 @@ class VllmBackend:
     #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
     #: (``structured/vllm.py``).
     structured_output = True
+    #: ``option.reasoning_parser`` reaches vLLM as its engine argument: its structured outputs wait for the end of
+    #: the reasoning (``structured/reasoning.py``).
+    reasoning_aware = True
 
     def __init__(self, config: HandlerConfig):
         import vllm
