@@ -51,11 +51,12 @@ class Reasoning:
         return dataclasses.replace(self, started=self.started or opened)
 
     def split(self, text: str) -> tuple[str | None, str | None]:
-        """A whole answer as (reasoning, content); None for a part that is absent or empty."""
+        """A whole answer as (reasoning, content): the reasoning is "" when it ended at once and None when the
+        answer did not reason; the content is None when empty."""
         reader = ReasoningReader(self)
         reasoning, content = reader.feed(text)
         tail_reasoning, tail_content = reader.flush()
-        return (reasoning + tail_reasoning) or None, (content + tail_content) or None
+        return (reasoning + tail_reasoning) if reader.reasoned else None, (content + tail_content) or None
 
     def lead(self) -> str:
         """The Lark rule body a constrained answer's grammar starts with: the reasoning, then the end token."""
@@ -72,6 +73,8 @@ class ReasoningReader:
         #: "start": nothing decided yet; "reasoning", "content".
         self.state = "start"
         self.held = ""
+        #: Whether the answer reasoned at all (an empty reasoning included).
+        self.reasoned = reasoning.started
 
     def feed(self, text: str) -> tuple[str, str]:
         reasoning, content = [], []
@@ -88,7 +91,7 @@ class ReasoningReader:
                     self.held = text  # whitespace, or what may become the start tag
                     break
                 if stripped.startswith(start):
-                    self.state, text = "reasoning", stripped[len(start):]
+                    self.state, text, self.reasoned = "reasoning", stripped[len(start):], True
                 else:
                     self.state = "reasoning" if self.reasoning.started else "content"
                 continue

@@ -82,14 +82,7 @@ def _model_object(model: ServedModel) -> dict[str, Any]:
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
     body = json_object(raw) if raw.strip() else {}
-    model = _model(store, request, body.get("model"))
-    adapter = _adapter(model, body.get("model"))
-    if adapter is not None:
-        raw = json.dumps({**body, "adapters": adapter}).encode()
-    elif isinstance(body.get("model"), str) and body["model"] != model.name:
-        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
-        raw = json.dumps({**body, "model": model.name}).encode()
-    pending = await submit(request, store, model, body=raw)
+    model, pending = await submit_chat(request, store, body, raw)
     start = await started(request, pending)
     if start is None:
         return Response(b"", Cancelled.status)
@@ -109,6 +102,23 @@ async def chat(request: Request, store: Store) -> Response:
         count(first.data)
         return Response(first.data, start.code, headers)
     return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
+
+
+async def submit_chat(request: Request, store: ModelStore, body: dict[str, Any],
+                      raw: bytes | None = None) -> tuple[ServedModel, PendingRequest]:
+    """Queue a chat body (``raw``: as the client sent it) on the model its ``model`` names, as the chat route does:
+    a LoRA adapter's name calls that adapter, a name of the client's own is answered by the one loaded model."""
+    model = _model(store, request, body.get("model"))
+    adapter = _adapter(model, body.get("model"))
+    if adapter is not None:
+        raw = None
+        body = {**body, "adapters": adapter}
+    elif isinstance(body.get("model"), str) and body["model"] != model.name:
+        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
+        raw = None
+        body = {**body, "model": model.name}
+    payload = raw if raw is not None else json.dumps(body).encode()
+    return model, await submit(request, store, model, body=payload)
 
 
 @router.post("/v1/completions", openapi_extra=RAW_BODY)

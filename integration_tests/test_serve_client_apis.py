@@ -1,0 +1,235 @@
+"""The APIs current clients speak, on the hf engine: OpenAI's Responses (``openai``'s ``responses.create``) and
+Anthropic's Messages (``anthropic``'s ``messages.create``, ``messages.stream``, ``count_tokens``), each translated
+onto the chat route; and a reasoning model's ``<think>`` part read apart (``option.reasoning_parser``).
+
+One ``lmi serve`` serves the module: the tiny model, and the tiny model made a reasoning model
+(``thinking_model_dir``). Greedy answers of every API equal the chat route's for the same conversation."""
+
+import json
+import threading
+
+import anthropic
+import httpx
+import jsonschema
+import openai
+import pytest
+
+BOOLEAN = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
+           "additionalProperties": False}
+WEATHER = {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["unit"],
+           "additionalProperties": False}
+SYSTEM = "You are terse."
+TURNS = [{"role": "user", "content": "Name a colour."}, {"role": "assistant", "content": "Blue."},
+         {"role": "user", "content": "Another one?"}]
+MAX = 12
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+#: Greedy, on Anthropic's client (whose create() takes no sampling arguments since 2.x).
+GREEDY = {"extra_body": {"temperature": 0}}
+
+
+@pytest.fixture(scope="module")
+def server(serve_module, tiny_model_dir, thinking_model_dir):
+    base = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.rolling_batch": "scheduler",
+            "option.max_new_tokens": 16}
+    tiny = serve_module.model_dir("tiny", {**base, "option.model_id": str(tiny_model_dir)})
+    thinker = serve_module.model_dir("thinker", {**base, "option.model_id": str(thinking_model_dir),
+                                                 "option.reasoning_parser": "deepseek_r1"})
+    return serve_module([tiny, thinker], ready=False).wait_ready(timeout=300)
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def claude(server):
+    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _chat(oai, model="tiny", **kwargs):
+    return oai.chat.completions.create(model=model, **kwargs).choices[0]
+
+
+def _streamed_response(oai, **kwargs):
+    """The events of a streamed response, and its final response."""
+    events = list(oai.responses.create(stream=True, **kwargs))
+    return events, events[-1].response
+
+
+def test_greedy_responses_and_messages_answers_equal_the_chat_routes(oai, claude):
+    chat = oai.chat.completions.create(model="tiny", messages=[{"role": "system", "content": SYSTEM}, *TURNS],
+                                       max_tokens=MAX, temperature=0)
+    want, usage = chat.choices[0].message.content, chat.usage
+    assert want
+    response = oai.responses.create(model="tiny", instructions=SYSTEM, input=TURNS, max_output_tokens=MAX,
+                                    temperature=0)
+    assert response.output_text == want and response.status in ("completed", "incomplete")
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (usage.prompt_tokens,
+                                                                           usage.completion_tokens)
+    events, final = _streamed_response(oai, model="tiny", instructions=SYSTEM, input=TURNS, max_output_tokens=MAX,
+                                       temperature=0)
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          f"response.{final.status}"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == want == final.output_text
+    message = claude.messages.create(model="tiny", system=SYSTEM, messages=TURNS, max_tokens=MAX, **GREEDY)
+    assert message.content[0].text == want and message.usage.input_tokens == usage.prompt_tokens
+    assert message.stop_reason == ("max_tokens" if chat.choices[0].finish_reason == "length" else "end_turn")
+    with claude.messages.stream(model="tiny", system=SYSTEM, messages=TURNS, max_tokens=MAX, **GREEDY) as stream:
+        assert "".join(stream.text_stream) == want
+        assert stream.get_final_message().usage.output_tokens == usage.completion_tokens
+    assert claude.messages.count_tokens(model="tiny", system=SYSTEM, messages=TURNS).input_tokens == \
+        usage.prompt_tokens
+
+
+def test_a_stop_sequence_is_anthropics_stop_sequence(oai, claude):
+    free = _chat(oai, messages=TURNS, max_tokens=MAX, temperature=0).message.content
+    stop = free.strip().split()[1] if len(free.split()) > 1 else free.strip()[1:3]
+    message = claude.messages.create(model="tiny", messages=TURNS, max_tokens=MAX, stop_sequences=[stop], **GREEDY)
+    assert (message.stop_reason, message.stop_sequence) == ("stop_sequence", stop)
+    assert message.content[0].text == free[:free.index(stop)]
+
+
+def test_responses_function_tools_and_text_format_streamed_or_not(oai):
+    tool = {"type": "function", "name": "get_weather", "description": "The weather", "parameters": WEATHER}
+    for choice in ("required", {"type": "function", "name": "get_weather"}):
+        kwargs = dict(model="tiny", input="Weather?", tools=[tool], tool_choice=choice, max_output_tokens=40,
+                      temperature=0)
+        calls = [item for item in oai.responses.create(**kwargs).output if item.type == "function_call"]
+        assert [c.name for c in calls] == ["get_weather"]
+        jsonschema.validate(json.loads(calls[0].arguments), WEATHER)
+        events, final = _streamed_response(oai, **kwargs)
+        pieces = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+        done = [e for e in events if e.type == "response.function_call_arguments.done"]
+        assert pieces == done[0].arguments == calls[0].arguments == final.output[0].arguments
+    text = {"format": {"type": "json_schema", "name": "answer", "schema": BOOLEAN, "strict": True}}
+    response = oai.responses.create(model="tiny", input="Yes or no?", text=text, max_output_tokens=20, temperature=0)
+    jsonschema.validate(json.loads(response.output_text), BOOLEAN)
+    assert response.text.format.type == "json_schema"
+    _, final = _streamed_response(oai, model="tiny", input="Yes or no?", text=text, max_output_tokens=20,
+                                  temperature=0)
+    assert final.output_text == response.output_text
+
+
+def test_anthropic_tool_use_then_tool_result_equals_the_chat_conversation(oai, claude):
+    tool = {"name": "get_weather", "description": "The weather", "input_schema": WEATHER}
+    ask = [{"role": "user", "content": "Weather?"}]
+    message = claude.messages.create(model="tiny", messages=ask, max_tokens=40, tools=[tool],
+                                     tool_choice={"type": "tool", "name": "get_weather"}, **GREEDY)
+    use = message.content[-1]
+    assert (use.type, use.name, message.stop_reason) == ("tool_use", "get_weather", "tool_use")
+    jsonschema.validate(use.input, WEATHER)
+    with claude.messages.stream(model="tiny", messages=ask, max_tokens=40, tools=[tool],
+                                tool_choice={"type": "tool", "name": "get_weather"}, **GREEDY) as stream:
+        assert stream.get_final_message().content[-1].input == use.input
+    follow = ask + [{"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name,
+                                                        "input": use.input}]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "Sunny"}]}]
+    answer = claude.messages.create(model="tiny", messages=follow, max_tokens=MAX, **GREEDY)
+    chat = _chat(oai, max_tokens=MAX, temperature=0, messages=ask + [
+        {"role": "assistant", "content": None, "tool_calls": [{"id": use.id, "type": "function", "function": {
+            "name": use.name, "arguments": json.dumps(use.input)}}]},
+        {"role": "tool", "tool_call_id": use.id, "content": "Sunny"}])
+    assert answer.content[0].text == chat.message.content
+
+
+def test_previous_response_id_continues_the_stored_conversation(oai, server):
+    first = oai.responses.create(model="tiny", instructions=SYSTEM, input=TURNS[0]["content"], max_output_tokens=MAX,
+                                 temperature=0)
+    second = oai.responses.create(model="tiny", instructions=SYSTEM, input="Another one?", max_output_tokens=MAX,
+                                  temperature=0, previous_response_id=first.id)
+    chat = _chat(oai, max_tokens=MAX, temperature=0, messages=[
+        {"role": "system", "content": SYSTEM}, TURNS[0], {"role": "assistant", "content": first.output_text},
+        {"role": "user", "content": "Another one?"}])
+    assert second.output_text == chat.message.content and second.previous_response_id == first.id
+    assert oai.responses.retrieve(second.id).output_text == second.output_text
+    with pytest.raises(openai.BadRequestError, match="only a response in progress"):
+        oai.responses.cancel(second.id)
+    oai.responses.delete(first.id)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.retrieve(first.id)
+    unstored = oai.responses.create(model="tiny", input="Hi", max_output_tokens=2, store=False)
+    with pytest.raises(openai.NotFoundError):
+        oai.responses.create(model="tiny", input="Hi", previous_response_id=unstored.id)
+
+
+def test_a_cancel_ends_a_response_in_progress(oai, server):
+    seen = threading.Event()
+    with httpx.stream("POST", server.url + "/v1/responses", timeout=120, json={
+            "model": "tiny", "input": "Count.", "max_output_tokens": 16, "stream": True,
+            "temperature": 1.0, "seed": 1}) as stream:
+        lines = stream.iter_lines()
+        for line in lines:
+            if line.startswith("data:") and json.loads(line[5:])["type"] == "response.in_progress":
+                response_id = json.loads(line[5:])["response"]["id"]
+                assert oai.responses.cancel(response_id).status == "cancelled"
+                seen.set()
+                break
+        rest = [json.loads(line[5:]) for line in lines if line.startswith("data:")]
+    assert seen.is_set() and rest[-1]["type"] == "response.cancelled"
+    assert oai.responses.retrieve(response_id).status == "cancelled"
+
+
+def test_reasoning_is_read_apart_on_chat_responses_and_messages(oai, claude):
+    ask = [{"role": "user", "content": "Think, then answer."}]
+    for seed in (1, 2):
+        whole = _chat(oai, "thinker", messages=ask, max_tokens=16, temperature=1.0, seed=seed).message
+        reasoning = whole.model_extra["reasoning_content"]
+        streamed = list(oai.chat.completions.create(model="thinker", messages=ask, max_tokens=16, temperature=1.0,
+                                                    seed=seed, stream=True))
+        assert "".join(c.choices[0].delta.model_extra.get("reasoning_content") or "" for c in streamed) == reasoning
+        assert "".join(c.choices[0].delta.content or "" for c in streamed) == (whole.content or "")
+        assert "</think>" not in reasoning + (whole.content or "")
+        response = oai.responses.create(model="thinker", input=ask, max_output_tokens=16, temperature=1.0,
+                                        extra_body={"seed": seed})
+        items = {item.type: item for item in response.output}
+        assert items["reasoning"].content[0].text == reasoning
+        assert response.output_text == (whole.content or "")
+    # Messages has no seed: sampled answers start with a thinking block unless </think> comes first (1 in 6 or so)
+    for _ in range(8):
+        message = claude.messages.create(model="thinker", messages=ask, max_tokens=16)
+        if message.content and message.content[0].type == "thinking":
+            break
+    assert message.content[0].thinking and "</think>" not in message.content[0].thinking
+
+
+def test_a_schema_and_a_forced_tool_call_hold_after_the_reasoning(oai):
+    ask = [{"role": "user", "content": "Yes or no?"}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": BOOLEAN}}
+    thought = []
+    for seed in (None, 1, 2, 3):
+        sampling = {"temperature": 0} if seed is None else {"temperature": 1.0, "seed": seed}
+        choice = _chat(oai, "thinker", messages=ask, max_tokens=120, response_format=fmt, **sampling)
+        jsonschema.validate(json.loads(choice.message.content), BOOLEAN)
+        assert choice.finish_reason == "stop"  # the grammar ended the answer
+        thought.append(choice.message.model_extra["reasoning_content"])
+        tool = {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}}
+        called = _chat(oai, "thinker", messages=ask, max_tokens=120, tools=[tool], tool_choice=NAMED, **sampling)
+        jsonschema.validate(json.loads(called.message.tool_calls[0].function.arguments), WEATHER)
+        assert called.finish_reason == "tool_calls"
+    assert thought[0] == "" and any(thought[1:])  # greedy ends the reasoning at once; sampled ones reason first
+
+
+def test_errors_come_in_each_apis_shape_naming_the_clients_field(oai, claude, server):
+    with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
+        oai.responses.create(model="tiny", input="Hi", max_output_tokens=0)
+    with pytest.raises(openai.BadRequestError, match="text.format.schema"):
+        oai.responses.create(model="tiny", input="Hi", text={"format": {"type": "json_schema", "name": "x",
+                                                                       "schema": {"type": "foo"}}})
+    with pytest.raises(openai.BadRequestError, match=r"tools\[0\]"):
+        oai.responses.create(model="tiny", input="Hi", tools=[{"type": "web_search"}])
+    with pytest.raises(openai.BadRequestError, match="unknown field"):
+        oai.responses.create(model="tiny", input="Hi", extra_body={"frobnicate": 1})
+    with pytest.raises(openai.BadRequestError, match=r"input\[0\]\.type"):
+        oai.responses.create(model="tiny", input=[{"type": "image", "image_url": "x"}])
+    with pytest.raises(anthropic.BadRequestError, match="stop_sequences"):
+        claude.messages.create(model="tiny", messages=TURNS, max_tokens=4, stop_sequences=[""])
+    body = httpx.post(server.url + "/v1/messages", json={"model": "tiny", "messages": TURNS}).json()
+    assert body == {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}
+    image = [{"role": "user", "content": [{"type": "image", "source": {}}]}]
+    with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):
+        claude.messages.create(model="tiny", messages=image, max_tokens=4)
