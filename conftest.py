@@ -88,3 +88,17 @@ def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return out
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as a model directory: written by ``lmi model minilm`` into lmi's cache on first use."""
+    from lmi_tools.errors import ToolError
+    from lmi_tools.models import minilm
+
+    try:
+        return minilm.write_minilm(minilm.default_dir(), say=lambda line: None)
+    except ToolError as exc:
+        if (minilm.default_dir() / "model.safetensors").is_file():
+            return minilm.default_dir()
+        pytest.fail(f"{exc} ({exc.hint})")
