@@ -1,18 +1,23 @@
 """The APIs current clients speak, on the hf engine: OpenAI's Responses (``openai``'s ``responses.create``) and
 Anthropic's Messages (``anthropic``'s ``messages.create``, ``messages.stream``, ``count_tokens``), each translated
-onto the chat route; and a reasoning model's ``<think>`` part read apart (``option.reasoning_parser``).
+onto the chat route; a reasoning model's ``<think>`` part read apart (``option.reasoning_parser``); and embeddings
+(``openai``'s ``embeddings.create``, ``huggingface_hub``'s ``feature_extraction``, score and rerank).
 
-One ``lmi serve`` serves the module: the tiny model, and the tiny model made a reasoning model
-(``thinking_model_dir``). Greedy answers of every API equal the chat route's for the same conversation."""
+One ``lmi serve`` serves the module: the tiny model, the tiny model made a reasoning model (``thinking_model_dir``)
+and all-MiniLM-L6-v2 (``option.task=text-embedding``, dynamic batching). Greedy answers of every API equal the chat
+route's for the same conversation; embeddings equal sentence-transformers' ``encode``."""
 
 import json
 import threading
+
+from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
 import httpx
 import jsonschema
 import openai
 import pytest
+from huggingface_hub import InferenceClient
 
 BOOLEAN = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
            "additionalProperties": False}
@@ -27,14 +32,33 @@ NAMED = {"type": "function", "function": {"name": "get_weather"}}
 GREEDY = {"extra_body": {"temperature": 0}}
 
 
+TEXTS = ["The capital of France is Paris.", "Paris is in France.", "A quick brown fox", "Vectors of meaning",
+         "What is deep learning?", "Deep learning trains neural networks.", "I like tea.", "ünïcödé 🙂"]
+
+
 @pytest.fixture(scope="module")
-def server(serve_module, tiny_model_dir, thinking_model_dir):
+def server(serve_module, tiny_model_dir, thinking_model_dir, minilm_dir):
     base = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.rolling_batch": "scheduler",
             "option.max_new_tokens": 16}
     tiny = serve_module.model_dir("tiny", {**base, "option.model_id": str(tiny_model_dir)})
     thinker = serve_module.model_dir("thinker", {**base, "option.model_id": str(thinking_model_dir),
                                                  "option.reasoning_parser": "deepseek_r1"})
-    return serve_module([tiny, thinker], ready=False).wait_ready(timeout=300)
+    minilm = serve_module.model_dir("minilm", {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint",
+                                               "option.model_id": str(minilm_dir), "option.task": "text-embedding",
+                                               "batch_size": 16, "max_batch_delay": 20})
+    return serve_module([tiny, thinker, minilm], ready=False).wait_ready(timeout=300)
+
+
+@pytest.fixture(scope="module")
+def encoded(minilm_dir):
+    """sentence-transformers' own ``encode`` of ``TEXTS``."""
+    sentence_transformers = pytest.importorskip("sentence_transformers")
+    model = sentence_transformers.SentenceTransformer(str(minilm_dir), device="cpu")
+    return {text: [float(x) for x in vector] for text, vector in zip(TEXTS, model.encode(TEXTS))}
+
+
+def _cosine(a, b):
+    return sum(x * y for x, y in zip(a, b)) / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
 
 
 @pytest.fixture(scope="module")
@@ -233,3 +257,60 @@ def test_errors_come_in_each_apis_shape_naming_the_clients_field(oai, claude, se
     image = [{"role": "user", "content": [{"type": "image", "source": {}}]}]
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):
         claude.messages.create(model="tiny", messages=image, max_tokens=4)
+
+
+def test_embeddings_of_every_client_and_route_equal_sentence_transformers(oai, server, encoded):
+    got = []  # (vector, text) from every route and client
+    for fmt in ({}, {"encoding_format": "float"}):  # the openai client asks for base64 unless told, and decodes it
+        answer = oai.embeddings.create(model="minilm", input=TEXTS[:3], **fmt)
+        got += [(d.embedding, text) for d, text in zip(answer.data, TEXTS[:3])]
+        assert answer.usage.prompt_tokens > 0 and answer.model == "minilm"
+    got.append((oai.embeddings.create(model="minilm", input=TEXTS[3]).data[0].embedding, TEXTS[3]))
+    got.append((list(InferenceClient(base_url=server.url + "/?model_name=minilm").feature_extraction(TEXTS[4])), TEXTS[4]))
+    hub = InferenceClient(model=server.url + "/predictions/minilm").feature_extraction(TEXTS[5])
+    got.append((list(hub), TEXTS[5]))
+
+    def invoke(text):  # 16 at once: the dynamic batches mix them
+        response = httpx.post(server.url + "/invocations?model_name=minilm", json={"inputs": [text]}, timeout=60)
+        return response.json()[0], text
+
+    with ThreadPoolExecutor(16) as pool:
+        got += list(pool.map(invoke, TEXTS * 2))
+    similarities = [_cosine(vector, encoded[text]) for vector, text in got]
+    assert len(got) == 25 and min(similarities) >= 0.9999, similarities
+
+
+def test_score_rerank_and_cohere_embed_are_cosines_of_the_same_vectors(server, encoded):
+    def close(got, want):
+        return len(got) == len(want) and all(abs(g - w) < 1e-4 for g, w in zip(got, want))
+
+    scores = httpx.post(server.url + "/score", json={"model": "minilm", "text_1": TEXTS[0],
+                                                     "text_2": TEXTS[1:4]}).json()
+    assert close([d["score"] for d in scores["data"]], [_cosine(encoded[TEXTS[0]], encoded[t]) for t in TEXTS[1:4]])
+    pairs = httpx.post(server.url + "/v1/score", json={"model": "minilm", "queries": TEXTS[:2],
+                                                       "documents": TEXTS[2:4]}).json()
+    assert close([d["score"] for d in pairs["data"]],
+                 [_cosine(encoded[a], encoded[b]) for a, b in zip(TEXTS[:2], TEXTS[2:4])])
+    documents = [TEXTS[6], TEXTS[5], TEXTS[2]]
+    ranked = httpx.post(server.url + "/v1/rerank", json={"model": "minilm", "query": TEXTS[4], "top_n": 2,
+                                                         "documents": [documents[0], {"text": documents[1]},
+                                                                       documents[2]]}).json()
+    relevance = [_cosine(encoded[TEXTS[4]], encoded[d]) for d in documents]
+    order = sorted(range(3), key=lambda i: -relevance[i])[:2]
+    assert [r["index"] for r in ranked["results"]] == order and order[0] == 1  # the deep-learning sentence first
+    assert close([r["relevance_score"] for r in ranked["results"]], [relevance[i] for i in order])
+    assert ranked["results"][0]["document"]["text"] == TEXTS[5] and ranked["usage"]["total_tokens"] > 0
+    cohere = httpx.post(server.url + "/v2/embed", json={"model": "minilm", "texts": TEXTS[:2], "input_type":
+                                                        "search_document", "embedding_types": ["float"]}).json()
+    assert min(_cosine(v, encoded[t]) for v, t in zip(cohere["embeddings"]["float"], TEXTS[:2])) >= 0.9999
+
+
+def test_embedding_errors_name_the_field_in_openais_shape(oai, server):
+    with pytest.raises(openai.BadRequestError, match="dimensions"):
+        oai.embeddings.create(model="minilm", input="hi", dimensions=64)
+    with pytest.raises(openai.BadRequestError, match="option.task=text-embedding"):
+        oai.embeddings.create(model="tiny", input="hi")
+    with pytest.raises(openai.BadRequestError, match="at most 256 tokens"):
+        oai.embeddings.create(model="minilm", input="word " * 300)
+    body = httpx.post(server.url + "/rerank", json={"model": "minilm", "query": "", "documents": ["a"]}).json()
+    assert body["error"]["type"] == "invalid_request_error" and "query" in body["error"]["message"]

@@ -28,13 +28,14 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import UsageError
 from .metrics import Metrics
-from .routes import anthropic, inference, management, metrics, openai, page, responses, sagemaker_runtime, tgi
+from .routes import (anthropic, inference, management, metrics, openai, page, pooling, responses, sagemaker_runtime,
+                     tgi)
 from .routes.relay import HttpError, djl_error
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
-INFERENCE = (inference.router, openai.router, responses.router, anthropic.router, tgi.router, sagemaker_runtime.router,
-             metrics.router, page.router)
+INFERENCE = (inference.router, openai.router, responses.router, anthropic.router, pooling.router, tgi.router,
+             sagemaker_runtime.router, metrics.router, page.router)
 MANAGEMENT = (management.router,)
 #: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
 MAX_BUFFERED_HEAD = 1024 * 1024
@@ -45,7 +46,7 @@ async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
     path = request.url.path
     if path.startswith(anthropic.PREFIX):
         return anthropic.error(exc.code, exc.message)
-    if path.startswith(openai.PREFIX):
+    if path.startswith(openai.PREFIX) or path in pooling.PATHS:
         return openai.error(exc.code, exc.message)
     if path == "/info" or (path in tgi.PATHS and request.method == "POST"):
         return tgi.error(exc.code, exc.message)

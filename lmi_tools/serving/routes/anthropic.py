@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..dispatcher import Chunk, End, PendingRequest
 from .chat_answers import Call, Turn, answer_start, deltas, text_of, whole
 from .generation import Failure, drop_nulls
-from .openai import submit_chat
+from .openai import submit_openai
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, read_body
 
 router = APIRouter(tags=["anthropic"])
@@ -59,7 +59,7 @@ async def messages(request: Request, store: Store) -> Response:
         raise HttpError(400, "BadRequestException", "max_tokens: Field required")
     stream = flag(body, "stream")
     chat = _chat_body(body, stream)
-    model, pending = await submit_chat(request, store, chat)
+    model, pending = await submit_openai(request, store, chat)
     first = await answer_start(request, pending, RENAME)
     message_id = f"msg_{os.urandom(12).hex()}"
     if stream:
@@ -82,7 +82,7 @@ async def count_tokens(request: Request, store: Store) -> JSONResponse:
     chat = _chat_body({**body, "max_tokens": 1}, stream=False)
     if chat.get("tool_choice", "auto") == "auto" and "tools" in chat:
         chat["tool_choice"] = "required"  # the tools render as they would with auto, without a tool-call parser
-    _, pending = await submit_chat(request, store, chat)
+    _, pending = await submit_openai(request, store, chat)
     turn = await whole(pending, await answer_start(request, pending, RENAME))
     return JSONResponse({"input_tokens": turn.prompt_tokens}, headers=NO_CACHE)
 

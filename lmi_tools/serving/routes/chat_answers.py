@@ -1,7 +1,7 @@
 """What the routes that speak another chat API share (OpenAI's Responses, Anthropic's Messages).
 
 Such a route translates its client's request into one OpenAI chat body, queues it like the chat route does
-(``openai.submit_chat``: the same model choice, adapters, structured output and tool calling on every backend), and
+(``openai.submit_openai``: the same model choice, adapters, structured output and tool calling on every backend), and
 reads the chat answer back: whole, as one ``Turn``, or streamed, as ``Delta``s, to render them in its own API's
 shape. One translation keeps every API equal on every backend: a greedy answer is the chat route's answer.
 """
@@ -109,9 +109,7 @@ async def until(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None
 
 async def whole(pending: PendingRequest, first: Chunk | End, stop: asyncio.Event | None = None) -> Turn | None:
     """The chat answer as one ``Turn`` (a JSON answer comes in one or more chunks); None when ``stop`` ended it."""
-    data = b""
-    async for chunk in _chunks(pending, first, stop):
-        data += chunk.data
+    data = await collected(pending, first, stop)
     if stop is not None and stop.is_set():
         return None
     try:
@@ -125,6 +123,14 @@ async def whole(pending: PendingRequest, first: Chunk | End, stop: asyncio.Event
     calls = [Call(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
     return Turn(message.get("content"), message.get("reasoning_content"), calls, choice["finish_reason"],
                 choice.get("stop_reason"), usage["prompt_tokens"], usage["completion_tokens"])
+
+
+async def collected(pending: PendingRequest, first: Chunk | End, stop: asyncio.Event | None = None) -> bytes:
+    """The whole answer's bytes (a JSON answer comes in one or more chunks)."""
+    data = b""
+    async for chunk in _chunks(pending, first, stop):
+        data += chunk.data
+    return data
 
 
 async def deltas(pending: PendingRequest, first: Chunk | End,

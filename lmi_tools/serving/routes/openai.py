@@ -82,7 +82,7 @@ def _model_object(model: ServedModel) -> dict[str, Any]:
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
     body = json_object(raw) if raw.strip() else {}
-    model, pending = await submit_chat(request, store, body, raw)
+    model, pending = await submit_openai(request, store, body, raw)
     start = await started(request, pending)
     if start is None:
         return Response(b"", Cancelled.status)
@@ -104,11 +104,11 @@ async def chat(request: Request, store: Store) -> Response:
     return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
 
 
-async def submit_chat(request: Request, store: ModelStore, body: dict[str, Any],
-                      raw: bytes | None = None) -> tuple[ServedModel, PendingRequest]:
-    """Queue a chat body (``raw``: as the client sent it) on the model its ``model`` names, as the chat route does:
-    a LoRA adapter's name calls that adapter, a name of the client's own is answered by the one loaded model."""
-    model = _model(store, request, body.get("model"))
+async def submit_openai(request: Request, store: ModelStore, body: dict[str, Any],
+                        raw: bytes | None = None) -> tuple[ServedModel, PendingRequest]:
+    """Queue an OpenAI body (chat, embeddings; ``raw``: as the client sent it) on the model its ``model`` names: a
+    LoRA adapter's name calls that adapter, a name of the client's own is answered by the one loaded model."""
+    model = model_for(store, request, body.get("model"))
     adapter = _adapter(model, body.get("model"))
     if adapter is not None:
         raw = None
@@ -130,7 +130,7 @@ async def completions(request: Request, store: Store) -> Response:
                                                     f"{', '.join(COMPLETION_FIELDS)}")
     body = drop_nulls(body)
     refuse_unsupported(body, NEUTRAL)
-    model = _model(store, request, body.get("model"))
+    model = model_for(store, request, body.get("model"))
     prompt = body.get("prompt")
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
                                         all(isinstance(p, str) for p in prompt))):
@@ -187,7 +187,8 @@ def _check_stream_options(options: Any) -> None:
                                                     "expected true or false")
 
 
-def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
+def model_for(store: ModelStore, request: Request, name: Any) -> ServedModel:
+    """The model an OpenAI body's ``model`` names (or the one loaded, for a name of the client's own)."""
     name = name or request.query_params.get("model_name")
     if isinstance(name, str) and (name in store.models or name in store.catalog):
         return named(store, name)  # a model this server knows answers for itself, or not at all

@@ -28,7 +28,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..response_store import ResponseStore, Stored
 from .chat_answers import answer_start, text_of, whole
 from .generation import drop_nulls, refuse_unsupported
-from .openai import submit_chat
+from .openai import submit_openai
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, read_body
 from .responses_output import Rendering
 
@@ -73,7 +73,7 @@ async def create(request: Request, store: Store) -> Response:
     system = ([{"role": "system", "content": text_of(body["instructions"], "instructions", ("input_text",))}]
               if "instructions" in body else [])
     chat = _chat_body(body, system + history + turn, stream)
-    model, pending = await submit_chat(request, store, chat)
+    model, pending = await submit_openai(request, store, chat)
     rendering = Rendering(f"resp_{os.urandom(12).hex()}", model.name, body, int(time.time()))
     stop = asyncio.Event()
     if keep:
