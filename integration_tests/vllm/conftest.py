@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,43 @@ def vllm_tiny_model_dir(tmp_path_factory) -> Path:
     from lmi_tools.models.tiny import TinySpec, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))
+
+
+@pytest.fixture(scope="session")
+def vllm_embeddings():
+    """``vllm_embeddings(model_dir, texts)``: vLLM's own ``/v1/embeddings`` answer (its OpenAI server with the
+    pooling runner, started in a process of its own for the call) as a list of vectors."""
+    return _embeddings
+
+
+def _embeddings(model: Path, texts: list[str]) -> list[list[float]]:
+    import httpx
+
+    from integration_tests.conftest import free_port
+
+    port = free_port()
+    log = Path(tempfile.gettempdir()) / f"vllm-serve-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+                                    "--runner", "pooling", "--dtype", ENGINE["dtype"], "--enforce-eager",
+                                    "--host", "127.0.0.1", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log.read_text()[-3000:]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        answer = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", timeout=120,
+                            json={"model": str(model), "input": texts, "encoding_format": "float"})
+        assert answer.status_code == 200, answer.text
+        return [item["embedding"] for item in answer.json()["data"]]
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()

@@ -33,7 +33,7 @@ class Row:
 class Pooler(Protocol):
     name: str
     tokenizer: Any
-    options: PoolingOptions
+    pooling: PoolingOptions
     max_length: int
     vocab_size: int
     matryoshka: tuple[int, ...] | bool
@@ -68,7 +68,7 @@ def _prepare(item: Any, pooler: Pooler, config: HandlerConfig) -> tuple[Embeddin
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     request = parse_embedding(data, config.limits)
     _check_dimensions(request.dimensions, pooler)
-    normalize = pooler.options.normalize if request.normalize is None else request.normalize
+    normalize = pooler.pooling.normalize if request.normalize is None else request.normalize
     field = "input" if request.openai else "inputs"
     rows = []
     for i, text in enumerate(request.inputs):

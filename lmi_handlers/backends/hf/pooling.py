@@ -42,13 +42,13 @@ class HFPooler:
         hf_config = AutoConfig.from_pretrained(config.model_id, **source)
         decoder = bool(getattr(hf_config, "is_decoder", False)) or any(
             a.endswith("ForCausalLM") for a in getattr(hf_config, "architectures", None) or [])
-        self.options = PoolingOptions.from_model(config.model_id, config.properties, decoder)
+        self.pooling = PoolingOptions.from_model(config.model_id, config.properties, decoder)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **source)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
         self.model = AutoModel.from_pretrained(config.model_id, dtype=dtype, **source).eval().to(device)
         self.device = next(self.model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer)
-        bounds = [getattr(hf_config, "max_position_embeddings", None), self.options.max_length, config.max_model_len]
+        bounds = [getattr(hf_config, "max_position_embeddings", None), self.pooling.max_length, config.max_model_len]
         self.max_length = min(b for b in bounds if isinstance(b, int)) if any(isinstance(b, int) for b in bounds) \
             else 512
         self.vocab_size = len(tokenizer)
@@ -56,7 +56,7 @@ class HFPooler:
         self.matryoshka = tuple(dimensions) if dimensions else bool(getattr(hf_config, "is_matryoshka", False))
         self.pad_id = self.tokenizer.pad_id
         logger.info("loaded %s on %s (%s) for embeddings: %s pooling%s, up to %d tokens per input", config.model_id,
-                    self.device, dtype, self.options.mode, ", normalized" if self.options.normalize else "",
+                    self.device, dtype, self.pooling.mode, ", normalized" if self.pooling.normalize else "",
                     self.max_length)
 
     def embed(self, rows: Sequence[Row]) -> list[list[float]]:
@@ -95,7 +95,7 @@ class HFPooler:
         return vectors
 
     def _pool(self, hidden: Any, mask: Any) -> Any:
-        mode, torch = self.options.mode, self.torch
+        mode, torch = self.pooling.mode, self.torch
         if mode == "cls":
             return hidden[:, 0]
         if mode == "lasttoken":
