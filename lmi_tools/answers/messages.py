@@ -27,6 +27,8 @@ class Api(str, enum.Enum):
     TGI = "tgi"
     OPENAI_COMPLETIONS = "openai-completions"
     OPENAI_CHAT = "openai-chat"
+    #: ``/v1/embeddings``: one vector per request, no tokens generated (``lmi bench`` counts embeddings per second).
+    OPENAI_EMBEDDINGS = "openai-embeddings"
 
 
 @dataclass
@@ -163,7 +165,23 @@ def read_openai_body(answer: Answer, obj: Any, now: float) -> None:
     _openai_usage(answer, obj)
 
 
+def read_embeddings_body(answer: Answer, obj: Any, now: float) -> None:
+    """An embeddings answer: its vectors are the answer; the input's tokens come from ``usage``."""
+    message = error_message(obj)
+    if message is not None or not isinstance(obj, dict) or not isinstance(obj.get("data"), list) or not obj["data"]:
+        answer.fail(message or f"unexpected answer {json.dumps(obj)[:200]}")
+        return
+    answer.text, answer.output_tokens = "", 0
+    usage = obj.get("usage")
+    answer.input_tokens = _int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+
+
+def _not_streamed(answer: Answer, obj: Any, now: float) -> None:
+    answer.fail("embeddings are answered whole, not streamed: send --no-stream")
+
+
 READERS = {Api.LMI: (read_lmi_object, read_lmi_body), Api.SAGEMAKER: (read_lmi_object, read_lmi_body),
            Api.TGI: (read_lmi_object, read_lmi_body),
            Api.OPENAI_COMPLETIONS: (read_openai_object, read_openai_body),
-           Api.OPENAI_CHAT: (read_openai_object, read_openai_body)}
+           Api.OPENAI_CHAT: (read_openai_object, read_openai_body),
+           Api.OPENAI_EMBEDDINGS: (_not_streamed, read_embeddings_body)}
