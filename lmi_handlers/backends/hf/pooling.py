@@ -15,7 +15,7 @@ from ...config import HandlerConfig
 from ...pooling import KEYS as POOLING_KEYS
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
-from .backend import resolve_device, torch_dtype
+from .backend import _version, resolve_device, torch_dtype
 from .options import KEYS
 from .tokenizer import HFTokenizer
 
@@ -45,7 +45,10 @@ class HFPooler:
         self.pooling = PoolingOptions.from_model(config.model_id, config.properties, decoder)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **source)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
-        self.model = AutoModel.from_pretrained(config.model_id, dtype=dtype, **source).eval().to(device)
+        import transformers
+
+        keyword = "dtype" if _version(transformers) >= (4, 56) else "torch_dtype"
+        self.model = AutoModel.from_pretrained(config.model_id, **{keyword: dtype}, **source).eval().to(device)
         self.device = next(self.model.parameters()).device
         self.tokenizer = HFTokenizer(tokenizer)
         bounds = [getattr(hf_config, "max_position_embeddings", None), self.pooling.max_length, config.max_model_len]
