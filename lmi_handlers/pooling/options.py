@@ -50,8 +50,9 @@ class PoolingOptions:
             config = _json(os.path.join(model_dir, pooling.get("path", "")), "config.json") or {}
             chosen = [key for key, value in config.items() if key.startswith("pooling_mode_") and value is True]
             if len(chosen) != 1 or chosen[0] not in MODE_KEYS:
-                raise ConfigError("model_id", model_dir, f"its pooling configuration ({pooling.get('path')}/config.json)"
-                                  f" sets {chosen or 'no mode'}; this handler pools with exactly one of "
+                where = f"{pooling.get('path')}/config.json"
+                raise ConfigError("model_id", model_dir, f"its pooling configuration ({where}) sets "
+                                  f"{chosen or 'no mode'}; this handler pools with exactly one of "
                                   f"{', '.join(MODE_KEYS)}")
             mode = MODE_KEYS[chosen[0]]
             normalize = any(str(m.get("type", "")).endswith(".Normalize") for m in modules)

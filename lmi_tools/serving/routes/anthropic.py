@@ -21,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..dispatcher import Chunk, End, PendingRequest
-from .chat_answers import Call, Turn, answer_start, deltas, text_of, whole
+from .chat_answers import Call, Turn, answer_start, chat_start, deltas, required_string, text_of, whole
 from .generation import Failure, drop_nulls
 from .openai import submit_openai
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, read_body
@@ -106,9 +106,7 @@ def _chat_body(body: dict[str, Any], stream: bool) -> dict[str, Any]:
                                                     "expected a non-empty list of messages")
     for i, message in enumerate(body["messages"]):
         messages += _message(message, f"messages[{i}]")
-    chat: dict[str, Any] = {"messages": messages, "stream": stream}
-    if stream:
-        chat["stream_options"] = {"include_usage": True}
+    chat = chat_start(messages, stream)
     for own, chat_name in (("model", "model"), ("max_tokens", "max_tokens"), ("stop_sequences", "stop"),
                            ("temperature", "temperature"), ("top_p", "top_p"), ("top_k", "top_k")):
         if own in body:
@@ -152,11 +150,11 @@ def _message(message: Any, field: str) -> list[dict[str, Any]]:
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
         elif kind == "tool_use" and role == "assistant":
-            calls.append({"id": _string(block, "id", where), "type": "function", "function": {
-                "name": _string(block, "name", where), "arguments": json.dumps(block.get("input", {}))}})
+            calls.append({"id": required_string(block, "id", where), "type": "function", "function": {
+                "name": required_string(block, "name", where), "arguments": json.dumps(block.get("input", {}))}})
         elif kind == "tool_result" and role == "user":
             result = block.get("content", "")
-            results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
+            results.append({"role": "tool", "tool_call_id": required_string(block, "tool_use_id", where),
                             "content": result if isinstance(result, str) else text_of(result, f"{where}.content",
                                                                                         ("text",))})
         elif kind not in ("thinking", "redacted_thinking"):  # earlier reasoning is not part of the prompt
@@ -168,14 +166,6 @@ def _message(message: Any, field: str) -> list[dict[str, Any]]:
     elif texts or not results:
         out.append({"role": role, "content": "".join(texts)})
     return out
-
-
-def _string(block: dict[str, Any], key: str, field: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str) or not value:
-        raise HttpError(400, "BadRequestException", f"{field}.{key}={json.dumps(value)[:80]} is invalid: expected a "
-                                                    "non-empty string")
-    return value
 
 
 def _tools(tools: Any) -> Any:
@@ -257,7 +247,8 @@ async def _events(message_id: str, model: str, pending: PendingRequest, first: C
         yield _event("content_block_stop", index=index)
     reason, sequence = _stop(finish, stop_reason)
     yield _event("message_delta", delta={"stop_reason": reason, "stop_sequence": sequence},
-                 usage={"input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0)})
+                 usage={"input_tokens": usage.get("prompt_tokens", 0),
+                        "output_tokens": usage.get("completion_tokens", 0)})
     yield _event("message_stop")
 
 

@@ -19,7 +19,7 @@ from fastapi import Request
 from lmi_handlers.errors import Cancelled
 
 from ..dispatcher import Chunk, End, PendingRequest
-from .generation import Failure, error_message
+from .generation import Failure, error_message, line_value
 from .relay import HttpError, started
 
 T = TypeVar("T")
@@ -171,15 +171,9 @@ async def _chunks(pending: PendingRequest, first: Chunk | End,
 
 
 def _line_deltas(line: bytes) -> list[Delta | Failure]:
-    text = line.decode("utf-8", "replace").strip()
-    if text.startswith("data:"):
-        text = text[5:].strip()
-    if not text or text == "[DONE]":
-        return []
-    try:
-        obj = json.loads(text)
-    except ValueError:
-        return [Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")]
+    obj = line_value(line)
+    if obj is None or isinstance(obj, Failure):
+        return [obj] if obj is not None else []
     if not isinstance(obj, dict) or "error" in obj:
         return [Failure(int(obj.get("code") or 500) if isinstance(obj, dict) else 502, error_message(obj))]
     if obj.get("usage"):
@@ -204,6 +198,20 @@ def _choice_deltas(choice: dict[str, Any]) -> list[Delta | Failure]:
     if choice.get("finish_reason"):
         out.append(Delta(finish=choice["finish_reason"], stop_reason=choice.get("stop_reason")))
     return out
+
+
+def required_string(item: dict[str, Any], key: str, field: str) -> str:
+    """``item[key]`` (an id, a name), a non-empty string; else a 400 naming ``field.key``."""
+    value = item.get(key)
+    if not isinstance(value, str) or not value:
+        raise HttpError(400, "BadRequestException", f"{field}.{key}={json.dumps(value)[:80]} is invalid: expected "
+                                                    "a non-empty string")
+    return value
+
+
+def chat_start(messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
+    """A chat body's start: its messages, and when streaming the usage chunk at the end (the token counts)."""
+    return {"messages": messages, "stream": stream, **({"stream_options": {"include_usage": True}} if stream else {})}
 
 
 def text_of(content: Any, field: str, kinds: tuple[str, ...]) -> str:

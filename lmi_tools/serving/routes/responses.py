@@ -26,7 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from ..response_store import ResponseStore, Stored
-from .chat_answers import answer_start, text_of, whole
+from .chat_answers import answer_start, chat_start, required_string, text_of, whole
 from .generation import drop_nulls, refuse_unsupported
 from .openai import submit_openai
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, flag, json_object, read_body
@@ -175,15 +175,16 @@ def _input(value: Any) -> list[dict[str, Any]]:
             messages.append({"role": role, "content": text_of(item.get("content"), f"{field}.content",
                                                               ("input_text", "output_text", "text"))})
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", field), "type": "function",
-                    "function": {"name": _string(item, "name", field), "arguments": _string(item, "arguments", field)}}
+            call = {"id": required_string(item, "call_id", field), "type": "function",
+                    "function": {"name": required_string(item, "name", field),
+                                 "arguments": required_string(item, "arguments", field)}}
             if messages and messages[-1]["role"] == "assistant" and "tool_calls" in messages[-1]:
                 messages[-1]["tool_calls"].append(call)  # parallel calls: one assistant turn
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", field),
+            messages.append({"role": "tool", "tool_call_id": required_string(item, "call_id", field),
                              "content": text_of(output, f"{field}.output", ("input_text", "output_text"))})
         elif kind != "reasoning":  # earlier reasoning is not part of the prompt, as chat templates drop it
             raise HttpError(400, "BadRequestException", f"{field}.type={json.dumps(kind)[:40]} is not supported: "
@@ -191,18 +192,8 @@ def _input(value: Any) -> list[dict[str, Any]]:
     return messages
 
 
-def _string(item: dict[str, Any], key: str, field: str) -> str:
-    value = item.get(key)
-    if not isinstance(value, str) or not value:
-        raise HttpError(400, "BadRequestException", f"{field}.{key}={json.dumps(value)[:80]} is invalid: expected "
-                                                    "a non-empty string")
-    return value
-
-
 def _chat_body(body: dict[str, Any], messages: list[dict[str, Any]], stream: bool) -> dict[str, Any]:
-    chat: dict[str, Any] = {"messages": messages, "stream": stream}
-    if stream:
-        chat["stream_options"] = {"include_usage": True}
+    chat = chat_start(messages, stream)
     for own, chat_name in (("model", "model"), ("max_output_tokens", "max_tokens"), ("temperature", "temperature"),
                            ("top_p", "top_p"), ("top_k", "top_k"), ("seed", "seed"),
                            ("repetition_penalty", "repetition_penalty"), ("parallel_tool_calls", "parallel_tool_calls"),
