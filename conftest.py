@@ -76,7 +76,7 @@ def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in ("<think>", "</think>")])
     tokenizer.chat_template = CHAT_TEMPLATE.replace("<|assistant|>{% endif %}", "<|assistant|><think>\n{% endif %}")
     model = AutoModelForCausalLM.from_pretrained(out)
-    model.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    model.resize_token_embeddings(len(tokenizer))
     end = tokenizer.convert_tokens_to_ids("</think>")
     with torch.no_grad():
         # A large constant in one hidden dimension survives every layer and the final norm (about sqrt(hidden) after
