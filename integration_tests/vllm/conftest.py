@@ -65,41 +65,55 @@ def vllm_tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))
 
 
-@pytest.fixture(scope="session")
-def vllm_embeddings():
-    """``vllm_embeddings(model_dir, texts)``: vLLM's own ``/v1/embeddings`` answer (its OpenAI server with the
-    pooling runner, started in a process of its own for the call) as a list of vectors."""
-    return _embeddings
 
+class VllmServer:
+    """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``) on a free port, started at once;
+    ``wait_ready`` waits for its ``/health``."""
 
-def _embeddings(model: Path, texts: list[str]) -> list[list[float]]:
-    import httpx
+    def __init__(self, model: Path, *args: str):
+        from integration_tests.conftest import free_port
 
-    from integration_tests.conftest import free_port
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.gettempdir()) / f"vllm-serve-{self.port}.log"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                             str(model), "--dtype", ENGINE["dtype"], "--enforce-eager", "--host",
+                                             "127.0.0.1", "--port", str(self.port), *args],
+                                            stdout=out, stderr=subprocess.STDOUT)
 
-    port = free_port()
-    log = Path(tempfile.gettempdir()) / f"vllm-serve-{port}.log"
-    with log.open("w") as out:
-        process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-                                    "--runner", "pooling", "--dtype", ENGINE["dtype"], "--enforce-eager",
-                                    "--host", "127.0.0.1", "--port", str(port)], stdout=out, stderr=subprocess.STDOUT)
-    try:
+    def wait_ready(self) -> "VllmServer":
+        import httpx
+
         deadline = time.monotonic() + READY_TIMEOUT
         while time.monotonic() < deadline:
-            assert process.poll() is None, log.read_text()[-3000:]
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
             try:
-                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200:
-                    break
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
             except httpx.HTTPError:
                 pass
             time.sleep(1)
-        answer = httpx.post(f"http://127.0.0.1:{port}/v1/embeddings", timeout=120,
-                            json={"model": str(model), "input": texts, "encoding_format": "float"})
-        assert answer.status_code == 200, answer.text
-        return [item["embedding"] for item in answer.json()["data"]]
-    finally:
-        process.terminate()
+        raise TimeoutError(f"vLLM's server not ready after {READY_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
         try:
-            process.wait(timeout=30)
+            self.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            process.kill()
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def vllm_server():
+    """``vllm_server(model_dir, *arguments)``: vLLM's own server, started at once (wait with ``wait_ready``),
+    stopped at the end of the module."""
+    started: list[VllmServer] = []
+
+    def start(model: Path, *args: str) -> VllmServer:
+        started.append(VllmServer(model, *args))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()

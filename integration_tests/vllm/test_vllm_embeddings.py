@@ -19,17 +19,29 @@ TEXTS = ["The capital of France is Paris.", "Paris is in France.", "A quick brow
 
 
 @pytest.fixture(scope="module")
-def server(serve_module, minilm_dir, vllm_properties):
+def servers(serve_module, minilm_dir, vllm_properties, vllm_server):
+    """``lmi serve`` on the vllm backend and vLLM's own server, both on all-MiniLM-L6-v2, started side by side."""
+    own = vllm_server(minilm_dir, "--runner", "pooling")
     properties = {k: v for k, v in vllm_properties.items() if k != "option.max_model_len"}  # the model's own: 256
     model = serve_module.model_dir("minilm", {**properties, "option.model_id": str(minilm_dir),
                                               "option.backend": "vllm", "option.task": "text-embedding",
                                               "batch_size": 16, "max_batch_delay": 20})
-    return serve_module([model], ready=False).wait_ready(timeout=900)
+    ours = serve_module([model], ready=False)
+    return ours.wait_ready(timeout=900), own.wait_ready()
 
 
 @pytest.fixture(scope="module")
-def reference(minilm_dir, vllm_embeddings):
-    return dict(zip(TEXTS, vllm_embeddings(minilm_dir, TEXTS)))
+def server(servers):
+    return servers[0]
+
+
+@pytest.fixture(scope="module")
+def reference(servers, minilm_dir):
+    """vLLM's own ``/v1/embeddings`` of ``TEXTS``."""
+    answer = httpx.post(servers[1].url + "/v1/embeddings", timeout=120,
+                        json={"model": str(minilm_dir), "input": TEXTS, "encoding_format": "float"})
+    assert answer.status_code == 200, answer.text
+    return {text: item["embedding"] for text, item in zip(TEXTS, answer.json()["data"])}
 
 
 def _cosine(a, b):

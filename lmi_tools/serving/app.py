@@ -31,6 +31,7 @@ from .metrics import Metrics
 from .routes import (anthropic, inference, management, metrics, openai, page, pooling, responses, sagemaker_runtime,
                      tgi)
 from .routes.relay import HttpError, djl_error
+from .response_store import ResponseStore
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
@@ -145,6 +146,7 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
                          description="A local DJLServing-compatible server for lmi_handlers models.")
     app.state.store = store
     app.state.metrics = Metrics(store)
+    app.state.responses = ResponseStore()  # the Responses API's stored responses (routes/responses.py)
     app.add_exception_handler(HttpError, _on_http_error)
     app.middleware("http")(_log_request)
     app.add_middleware(HeaderLimit, limit=store.server.max_header_bytes)

@@ -49,13 +49,6 @@ RENAME = {"max_tokens": "max_output_tokens", r"response_format\.json_schema\.sch
 INPUT_ROLES = ("user", "system", "developer", "assistant")
 
 
-def _responses(request: Request) -> ResponseStore:
-    state = request.app.state
-    if not hasattr(state, "responses"):
-        state.responses = ResponseStore()
-    return state.responses
-
-
 @router.post("/v1/responses", openapi_extra=RAW_BODY)
 async def create(request: Request, store: Store) -> Response:
     body = drop_nulls(json_object(await read_body(request, store)))
@@ -65,9 +58,8 @@ async def create(request: Request, store: Store) -> Response:
                                                     f"{', '.join(FIELDS)}")
     refuse_unsupported(body, NEUTRAL)
     _check_reasoning(body.get("reasoning"))
-    stream, keep = flag(body, "stream"), body.get("store", True) is not False
-    flag(body, "store")
-    responses = _responses(request)
+    stream, keep = flag(body, "stream"), flag(body, "store") if "store" in body else True
+    responses: ResponseStore = request.app.state.responses
     history = _previous(responses, body.get("previous_response_id"))
     turn = _input(body.get("input"))
     system = ([{"role": "system", "content": text_of(body["instructions"], "instructions", ("input_text",))}]
@@ -91,7 +83,11 @@ async def create(request: Request, store: Store) -> Response:
     if stream:
         events = rendering.events(pending, first, stop, finished)
         return StreamingResponse(events, 200, {**NO_CACHE, "content-type": "text/event-stream"})
-    response, output = rendering.whole(await whole(pending, first, stop))
+    try:
+        response, output = rendering.whole(await whole(pending, first, stop))
+    except HttpError as exc:
+        finished(rendering.response("failed", error={"code": "server_error", "message": exc.message}), [])
+        raise
     finished(response, output)
     return JSONResponse(response, headers=NO_CACHE)
 
@@ -104,7 +100,7 @@ async def retrieve(request: Request, response_id: str) -> JSONResponse:
 @router.delete("/v1/responses/{response_id}")
 async def delete(request: Request, response_id: str) -> JSONResponse:
     _stored(request, response_id)
-    _responses(request).delete(response_id)
+    request.app.state.responses.delete(response_id)
     return JSONResponse({"id": response_id, "object": "response.deleted", "deleted": True})
 
 
@@ -119,12 +115,12 @@ async def cancel(request: Request, response_id: str) -> JSONResponse:
                                                     "progress can be cancelled")
     stored.stop.set()
     response = {**stored.response, "status": "cancelled"}
-    _responses(request).put(response_id, Stored(response, stored.history))
+    request.app.state.responses.put(response_id, Stored(response, stored.history))
     return JSONResponse(response, headers=NO_CACHE)
 
 
 def _stored(request: Request, response_id: str) -> Stored:
-    stored = _responses(request).get(response_id)
+    stored = request.app.state.responses.get(response_id)
     if stored is None:
         raise HttpError(404, "NotFoundException", f"Response with id '{response_id}' not found (this server keeps "
                                                   "the latest responses in memory; see docs/serving.md)")

@@ -72,28 +72,32 @@ class Rendering:
 
     async def events(self, pending: PendingRequest, first: Chunk | End, stop: asyncio.Event,
                      finished: Callable[[dict[str, Any], list[dict[str, Any]]], None]) -> AsyncIterator[bytes]:
-        """The answer as events, until ``stop`` (a cancel); ``finished(response, messages)`` stores it at the end."""
-        yield self._event("response.created", response=self.response("in_progress"))
-        yield self._event("response.in_progress", response=self.response("in_progress"))
-        stream = _Items(self)
-        usage, finish = {}, None
-        async for delta in deltas(pending, first, stop):
-            if isinstance(delta, Failure):
-                for event in stream.close("incomplete"):
+        """The answer as events, until ``stop`` (a cancel); ``finished(response, messages)`` stores it at the end,
+        however it ends (a client that goes away cancels it)."""
+        stream, final = _Items(self), self.response("cancelled")
+        try:
+            yield self._event("response.created", response=self.response("in_progress"))
+            yield self._event("response.in_progress", response=self.response("in_progress"))
+            usage, finish = {}, None
+            async for delta in deltas(pending, first, stop):
+                if isinstance(delta, Failure):
+                    for event in stream.close("incomplete"):
+                        yield event
+                    code = "server_error" if delta.code >= 500 else "invalid_request"
+                    final = self.response("failed", error={"code": code, "message": delta.message})
+                    yield self._event("error", code=code, message=delta.message, param=None)
+                    yield self._event("response.failed", response=final)
+                    return
+                for event in stream.feed(delta):
                     yield event
-                error = {"code": "server_error" if delta.code >= 500 else "invalid_request", "message": delta.message}
-                yield self._event("error", code=error["code"], message=delta.message, param=None)
-                yield self._event("response.failed", response=self.response("failed", error=error))
-                return
-            for event in stream.feed(delta):
+                usage, finish = delta.usage or usage, delta.finish or finish
+            status = "cancelled" if stop.is_set() else "incomplete" if finish == "length" else "completed"
+            for event in stream.close("completed" if status == "completed" else "incomplete"):
                 yield event
-            usage, finish = delta.usage or usage, delta.finish or finish
-        status = "cancelled" if stop.is_set() else "incomplete" if finish == "length" else "completed"
-        for event in stream.close("completed" if status == "completed" else "incomplete"):
-            yield event
-        response = self.response(status, _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
-        yield self._event("response.completed" if status == "completed" else f"response.{status}", response=response)
-        finished(response, _assistant(stream.content or None, stream.calls))
+            final = self.response(status, _usage(usage.get("prompt_tokens", 0), usage.get("completion_tokens", 0)))
+            yield self._event(f"response.{status}", response=final)
+        finally:
+            finished(final, _assistant(stream.content or None, stream.calls) if final["status"] != "failed" else [])
 
 
 class _Items:
