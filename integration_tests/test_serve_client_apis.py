@@ -320,3 +320,38 @@ def test_embedding_errors_name_the_field_in_openais_shape(oai, server):
         oai.embeddings.create(model="minilm", input="word " * 300)
     body = httpx.post(server.url + "/rerank", json={"model": "minilm", "query": "", "documents": ["a"]}).json()
     assert body["error"]["type"] == "invalid_request_error" and "query" in body["error"]["message"]
+
+
+HOSTILE = [  # (path, body, the field the 400 names)
+    ("/v1/responses", {"model": "tiny", "input": 5}, "input"),
+    ("/v1/responses", {"model": "tiny", "input": []}, "input"),
+    ("/v1/responses", {"model": "tiny", "input": [{"role": "robot", "content": "x"}]}, "input[0].role"),
+    ("/v1/responses", {"model": "tiny", "input": [{"type": "function_call", "name": "f"}]}, "input[0].call_id"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "text": "json"}, "text"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "tool_choice": "required"}, "tool_choice"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "background": True}, "background"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ("/v1/responses", {"model": "tiny", "input": "x", "temperature": -1}, "temperature"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": "hi"}, "messages"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": [{"role": "user", "content": [
+        {"type": "tool_use", "id": "a", "name": "f", "input": {}}]}]}, "messages[0].content[0].type"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": TURNS, "tool_choice": {"type": "maybe"}},
+     "tool_choice"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 0, "messages": TURNS}, "max_tokens"),
+    ("/v1/messages", {"model": "tiny", "max_tokens": 4, "messages": TURNS, "system": [{"type": "image"}]},
+     "system[0]"),
+    ("/v1/embeddings", {"model": "minilm", "input": ["x"] * 2049}, "input"),
+    ("/v1/embeddings", {"model": "minilm", "input": [[1, -2]]}, "input[0]"),
+    ("/v1/embeddings", {"model": "minilm", "input": "x", "user": 3}, "user"),
+    ("/score", {"model": "minilm", "text_1": ["a", "b"], "text_2": ["c", "d", "e"]}, "text_1"),
+    ("/v2/embed", {"model": "minilm", "texts": ["a"], "embedding_types": ["int8"]}, "embedding_types"),
+]
+
+
+@pytest.mark.parametrize("path, body, field", HOSTILE, ids=[f"{p}-{f}" for p, _, f in HOSTILE])
+def test_hostile_bodies_get_a_400_naming_their_field_and_spare_the_server(server, path, body, field):
+    answer = httpx.post(server.url + path, json=body, timeout=60)
+    error = answer.json()["error"]
+    message = error["message"] if isinstance(error, dict) else error
+    assert answer.status_code == 400 and message.startswith(field), (answer.status_code, message)
+    assert httpx.get(server.url + "/ping").status_code == 200
