@@ -39,7 +39,7 @@ def pooling_findings(target: Target) -> list[Finding] | None:
                                 "batch_size=32 and max_batch_delay=20 batch concurrent requests"))
     local = Path(target.config.model_id)
     if local.is_dir():
-        decoder = bool(target.arch and "ForCausalLM" in " ".join(target.model_config.get("architectures") or []))
+        decoder = "ForCausalLM" in " ".join((target.model_config or {}).get("architectures") or [])
         try:
             options = PoolingOptions.from_model(str(local), target.props, decoder)
         except ConfigError as exc:
