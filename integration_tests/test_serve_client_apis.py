@@ -21,6 +21,7 @@ import pytest
 from huggingface_hub import InferenceClient
 
 from lmi_tools.sagemaker.invoke import invoke as sagemaker_invoke
+from lmi_tools.sagemaker.invoke import request_body
 
 BOOLEAN = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"],
            "additionalProperties": False}
@@ -281,7 +282,8 @@ def test_embeddings_of_every_client_and_route_equal_sentence_transformers(oai, s
         got += list(pool.map(invoke, TEXTS * 2))
     runtime = boto3.client("sagemaker-runtime", endpoint_url=server.url, region_name="us-east-1",
                            aws_access_key_id="testing", aws_secret_access_key="testing")
-    got.append((json.loads(sagemaker_invoke(runtime, "minilm", {"inputs": TEXTS[6]}).text), TEXTS[6]))  # lmi invoke
+    answer = sagemaker_invoke(runtime, "minilm", request_body(TEXTS[6]))  # what lmi invoke sends and prints
+    got.append((json.loads(answer.text), TEXTS[6]))
     similarities = [_cosine(vector, encoded[text]) for vector, text in got]
     assert len(got) == 26 and min(similarities) >= 0.9999, similarities
 

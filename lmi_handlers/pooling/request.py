@@ -1,7 +1,8 @@
 """An embedding request, in either shape its clients send:
 
 * LMI's (``/invocations``, ``/predictions``; ``huggingface_hub``'s ``feature_extraction``): ``{"inputs": str | [str]}``
-  with TEI's optional ``normalize`` (a boolean) and ``truncate`` (false only: inputs are never truncated);
+  with TEI's optional ``normalize`` (a boolean) and ``truncate`` (false only: inputs are never truncated), and
+  ``stream`` false (LMI's clients send it; a vector is answered whole);
 * OpenAI's (``/v1/embeddings``): ``{"input": str | [str] | [int] | [[int]], "model", "encoding_format": "float" |
   "base64", "dimensions", "user"}``.
 
@@ -18,7 +19,7 @@ from ..schemas import RequestLimits
 
 #: OpenAI's bound on the inputs of one request (clients batch up to it).
 MAX_INPUTS = 2048
-LMI_FIELDS = ("inputs", "normalize", "truncate", "dimensions")
+LMI_FIELDS = ("inputs", "normalize", "truncate", "dimensions", "stream")
 OPENAI_FIELDS = ("input", "model", "encoding_format", "dimensions", "user")
 ENCODINGS = ("float", "base64")
 
@@ -68,6 +69,8 @@ def parse_embedding(data: Any, limits: RequestLimits = RequestLimits()) -> Embed
     normalize = data.get("normalize")
     if normalize is not None and not isinstance(normalize, bool):
         raise invalid_field("normalize", normalize, "expected true or false")
+    if data.get("stream") not in (None, False):
+        raise invalid_field("stream", data["stream"], "embeddings are answered whole: send false or omit it")
     if data.get("truncate") not in (None, False):
         raise invalid_field("truncate", data["truncate"], "inputs are never truncated here: send false or omit it "
                             "(a longer input is refused with its length)")

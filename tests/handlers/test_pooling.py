@@ -72,9 +72,9 @@ def test_token_ids_embed_like_their_text_and_bad_inputs_name_their_field(minilm,
     (_, text), (_, tokens), *refused = answers(
         minilm, {"input": TEXTS[0]}, {"input": ids}, {"input": [ids, [10**9]]}, {"input": TEXTS[0], "dimensions": 8},
         {"inputs": "word " * 400}, {"inputs": "x", "truncate": True}, {"input": "x", "encoding_format": "int8"},
-        {"inputs": ["a", 3]})
+        {"inputs": ["a", 3]}, {"inputs": "x", "stream": True})
     assert text["data"][0]["embedding"] == tokens["data"][0]["embedding"]
-    fields = ["input[1]", "dimensions", "inputs", "truncate", "encoding_format", "inputs[1]"]
+    fields = ["input[1]", "dimensions", "inputs", "truncate", "encoding_format", "inputs[1]", "stream"]
     for (code, body), field in zip(refused, fields):
         assert code == 400 and body["error"].startswith(field), (field, body)
     assert "at most 256 tokens" in refused[2][1]["error"]  # sentence_bert_config's max_seq_length

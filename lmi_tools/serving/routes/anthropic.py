@@ -63,9 +63,9 @@ async def messages(request: Request, store: Store) -> Response:
     first = await answer_start(request, pending, RENAME)
     message_id = f"msg_{os.urandom(12).hex()}"
     if stream:
-        return StreamingResponse(_events(message_id, model.name, pending, first), 200,
+        return StreamingResponse(_events(request, message_id, model.name, pending, first), 200,
                                  {**NO_CACHE, "content-type": "text/event-stream"})
-    turn = await whole(pending, first)
+    turn = await whole(request, pending, first)
     reason, sequence = _stop(turn.finish, turn.stop_reason)
     return JSONResponse({"id": message_id, "type": "message", "role": "assistant", "model": model.name,
                          "content": _blocks(turn), "stop_reason": reason, "stop_sequence": sequence,
@@ -83,7 +83,7 @@ async def count_tokens(request: Request, store: Store) -> JSONResponse:
     if chat.get("tool_choice", "auto") == "auto" and "tools" in chat:
         chat["tool_choice"] = "required"  # the tools render as they would with auto, without a tool-call parser
     _, pending = await submit_openai(request, store, chat)
-    turn = await whole(pending, await answer_start(request, pending, RENAME))
+    turn = await whole(request, pending, await answer_start(request, pending, RENAME))
     return JSONResponse({"input_tokens": turn.prompt_tokens}, headers=NO_CACHE)
 
 
@@ -222,14 +222,15 @@ def _event(kind: str, **fields: Any) -> bytes:
     return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields}, ensure_ascii=False)}\n\n".encode()
 
 
-async def _events(message_id: str, model: str, pending: PendingRequest, first: Chunk | End) -> AsyncIterator[bytes]:
+async def _events(request: Request, message_id: str, model: str, pending: PendingRequest,
+                  first: Chunk | End) -> AsyncIterator[bytes]:
     yield _event("message_start", message={"id": message_id, "type": "message", "role": "assistant", "content": [],
                                            "model": model, "stop_reason": None, "stop_sequence": None,
                                            "usage": {"input_tokens": 0, "output_tokens": 0}})
     yield _event("ping")
     index, kind = -1, None  # the open block
     finish, stop_reason, usage = None, None, {}
-    async for delta in deltas(pending, first):
+    async for delta in deltas(request, pending, first):
         if isinstance(delta, Failure):
             kind_name = ERROR_TYPES.get(delta.code, "api_error")
             yield _event("error", error={"type": kind_name, "message": delta.message})

@@ -107,8 +107,10 @@ async def until(awaitable: Awaitable[T], stop: asyncio.Event | None) -> T | None
     return None
 
 
-async def whole(pending: PendingRequest, first: Chunk | End, stop: asyncio.Event | None = None) -> Turn | None:
-    """The chat answer as one ``Turn`` (a JSON answer comes in one or more chunks); None when ``stop`` ended it."""
+async def whole(request: Request, pending: PendingRequest, first: Chunk | End,
+                stop: asyncio.Event | None = None) -> Turn | None:
+    """The chat answer as one ``Turn`` (a JSON answer comes in one or more chunks); None when ``stop`` ended it.
+    Its tokens count in ``/metrics`` as the chat route's do."""
     data = await collected(pending, first, stop)
     if stop is not None and stop.is_set():
         return None
@@ -121,6 +123,7 @@ async def whole(pending: PendingRequest, first: Chunk | End, stop: asyncio.Event
     except (ValueError, KeyError, IndexError, TypeError):
         raise HttpError(502, "ModelException", error_message(data.decode("utf-8", "replace"))) from None
     calls = [Call(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls") or []]
+    _count(request, usage)
     return Turn(message.get("content"), message.get("reasoning_content"), calls, choice["finish_reason"],
                 choice.get("stop_reason"), usage["prompt_tokens"], usage["completion_tokens"])
 
@@ -133,10 +136,10 @@ async def collected(pending: PendingRequest, first: Chunk | End, stop: asyncio.E
     return data
 
 
-async def deltas(pending: PendingRequest, first: Chunk | End,
+async def deltas(request: Request, pending: PendingRequest, first: Chunk | End,
                  stop: asyncio.Event | None = None) -> AsyncIterator[Delta | Failure]:
     """The streamed chat answer (server-sent events), piece by piece; a ``Failure`` ends it early, and so does
-    ``stop``."""
+    ``stop``. Its tokens count in ``/metrics``."""
     buffer = b""
     finished = False
     try:
@@ -144,16 +147,23 @@ async def deltas(pending: PendingRequest, first: Chunk | End,
             *lines, buffer = (buffer + chunk.data).split(b"\n")
             for line in lines:
                 for item in _line_deltas(line):
+                    if isinstance(item, Delta) and item.usage:
+                        _count(request, item.usage)
                     yield item
                     if isinstance(item, Failure):
                         finished = True
                         return
-        for item in _line_deltas(buffer):
+        for item in _line_deltas(buffer):  # an answer whose last line has no newline
             yield item
         finished = True
     finally:
         if not finished:
             pending.cancelled = True  # the client went away: free the sequence's slot at the next step
+
+
+def _count(request: Request, usage: Mapping[str, Any]) -> None:
+    request.app.state.metrics.tokens(request.state.model, int(usage.get("prompt_tokens") or 0),
+                                     int(usage.get("completion_tokens") or 0))
 
 
 async def _chunks(pending: PendingRequest, first: Chunk | End,

@@ -81,10 +81,10 @@ async def create(request: Request, store: Store) -> Response:
             responses.put(rendering.id, Stored(response, history + turn + output))
 
     if stream:
-        events = rendering.events(pending, first, stop, finished)
+        events = rendering.events(request, pending, first, stop, finished)
         return StreamingResponse(events, 200, {**NO_CACHE, "content-type": "text/event-stream"})
     try:
-        response, output = rendering.whole(await whole(pending, first, stop))
+        response, output = rendering.whole(await whole(request, pending, first, stop))
     except HttpError as exc:
         finished(rendering.response("failed", error={"code": "server_error", "message": exc.message}), [])
         raise

@@ -17,6 +17,8 @@ import json
 import os
 from typing import Any, AsyncIterator, Callable
 
+from fastapi import Request
+
 from ..dispatcher import Chunk, End, PendingRequest
 from .chat_answers import Call, Delta, Turn, deltas
 from .generation import Failure
@@ -70,7 +72,7 @@ class Rendering:
         data = json.dumps({"type": kind, "sequence_number": self._sequence - 1, **fields}, ensure_ascii=False)
         return f"event: {kind}\ndata: {data}\n\n".encode()
 
-    async def events(self, pending: PendingRequest, first: Chunk | End, stop: asyncio.Event,
+    async def events(self, request: Request, pending: PendingRequest, first: Chunk | End, stop: asyncio.Event,
                      finished: Callable[[dict[str, Any], list[dict[str, Any]]], None]) -> AsyncIterator[bytes]:
         """The answer as events, until ``stop`` (a cancel); ``finished(response, messages)`` stores it at the end,
         however it ends (a client that goes away cancels it)."""
@@ -79,7 +81,7 @@ class Rendering:
             yield self._event("response.created", response=self.response("in_progress"))
             yield self._event("response.in_progress", response=self.response("in_progress"))
             usage, finish = {}, None
-            async for delta in deltas(pending, first, stop):
+            async for delta in deltas(request, pending, first, stop):
                 if isinstance(delta, Failure):
                     for event in stream.close("incomplete"):
                         yield event
