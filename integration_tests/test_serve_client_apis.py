@@ -114,6 +114,20 @@ def test_greedy_responses_and_messages_answers_equal_the_chat_routes(oai, claude
         usage.prompt_tokens
 
 
+def test_responses_and_messages_count_their_tokens_in_metrics(oai, claude, server):
+    def generated():
+        lines = httpx.get(server.url + "/metrics").text.splitlines()
+        return sum(float(line.split()[-1]) for line in lines
+                   if line.startswith('lmi_generated_tokens_total{model="tiny"}'))
+
+    before = generated()
+    counts = [oai.responses.create(model="tiny", input="Hi", max_output_tokens=3).usage.output_tokens,
+              list(oai.responses.create(model="tiny", input="Hi", max_output_tokens=3, stream=True))[-1]
+              .response.usage.output_tokens,
+              claude.messages.create(model="tiny", messages=TURNS, max_tokens=3).usage.output_tokens]
+    assert generated() - before == sum(counts) > 0
+
+
 def test_a_stop_sequence_is_anthropics_stop_sequence(oai, claude):
     free = _chat(oai, messages=TURNS, max_tokens=MAX, temperature=0).message.content
     stop = free.strip().split()[1] if len(free.split()) > 1 else free.strip()[1:3]
