@@ -271,7 +271,8 @@ def test_errors_come_in_each_apis_shape_naming_the_clients_field(oai, claude, se
     with pytest.raises(anthropic.BadRequestError, match="stop_sequences"):
         claude.messages.create(model="tiny", messages=TURNS, max_tokens=4, stop_sequences=[""])
     body = httpx.post(server.url + "/v1/messages", json={"model": "tiny", "messages": TURNS}).json()
-    assert body == {"type": "error", "error": {"type": "invalid_request_error", "message": "max_tokens: Field required"}}
+    assert body == {"type": "error", "error": {"type": "invalid_request_error",
+                                               "message": "max_tokens: Field required"}}
     image = [{"role": "user", "content": [{"type": "image", "source": {}}]}]
     with pytest.raises(anthropic.BadRequestError, match=r"messages\[0\]\.content\[0\]\.type"):
         claude.messages.create(model="tiny", messages=image, max_tokens=4)
@@ -284,7 +285,8 @@ def test_embeddings_of_every_client_and_route_equal_sentence_transformers(oai, s
         got += [(d.embedding, text) for d, text in zip(answer.data, TEXTS[:3])]
         assert answer.usage.prompt_tokens > 0 and answer.model == "minilm"
     got.append((oai.embeddings.create(model="minilm", input=TEXTS[3]).data[0].embedding, TEXTS[3]))
-    got.append((list(InferenceClient(base_url=server.url + "/?model_name=minilm").feature_extraction(TEXTS[4])), TEXTS[4]))
+    tei = InferenceClient(base_url=server.url + "/?model_name=minilm")  # TEI's POST /
+    got.append((list(tei.feature_extraction(TEXTS[4])), TEXTS[4]))
     hub = InferenceClient(model=server.url + "/predictions/minilm").feature_extraction(TEXTS[5])
     got.append((list(hub), TEXTS[5]))
 
