@@ -65,7 +65,7 @@ SERVER_KEYS = frozenset({
 })
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({
-    "enable_streaming", "task", "device_map", "load_in_4bit",
+    "enable_streaming", "device_map", "load_in_4bit",
     "enforce_eager",
     "bedrock_compat", "chat_template", "waiting_steps",
 })
@@ -255,6 +255,10 @@ HANDLER_KEYS = frozenset({
     "max_prompts_per_request",
     # tool calling (structured/tools.py)
     "enable_auto_tool_choice", "tool_call_parser",
+    # reasoning models (structured/reasoning.py)
+    "reasoning_parser",
+    # embedding models (pooling/options.py)
+    "task", "normalize",
 }) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}  # LoRA adapters (adapters.LoraOptions)
 
 

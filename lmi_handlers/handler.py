@@ -18,7 +18,10 @@ from . import djl
 from . import adapters as lora
 from .backends import BACKENDS, load_backend
 from .backends.base import Backend
-from .config import HandlerConfig, check_unknown_keys
+from .config import ConfigError, HandlerConfig, check_unknown_keys
+from .pooling import pooling_task
+from .pooling.batch import Pooler, answer_batch
+from .structured.reasoning import Reasoning, reasoning_for
 from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
@@ -40,14 +43,26 @@ class Handler:
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
+        self.reasoning: Reasoning | None = None
+        #: An embedding model's backend (``option.task=text-embedding``): requests are answered by ``pooling/``.
+        self.pooler: Pooler | None = None
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
+        self.reasoning = reasoning_for(config.properties, getattr(backend.tokenizer, "hf", None))
         options = lora.LoraOptions.from_properties(config.properties)
         self.config, self.backend = config, backend
+        if pooling_task(config.properties):  # an embedding model: dynamic batches of vectors, no step loop
+            if config.rolling:
+                raise ConfigError("rolling_batch", config.rolling_batch, "option.task=text-embedding answers whole "
+                                  "requests: set option.rolling_batch=disable (and batch_size, max_batch_delay for "
+                                  "dynamic batching)")
+            self.pooler = backend
+            self.initialized = True
+            return
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
         # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
         step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
@@ -78,7 +93,7 @@ class Handler:
         assert self.config is not None and self.backend is not None
         try:
             return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters)
+                               adapters=self.adapters, reasoning=self.reasoning)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")
@@ -86,6 +101,8 @@ class Handler:
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
+        if self.pooler is not None:
+            return self._embeddings(inputs, items)
         if not inputs.is_batch():
             job = self._prepare(items[0])
             output = djl.new_output()
@@ -108,6 +125,20 @@ class Handler:
         # Headers are shared by the whole batch (DJL's contract); name a type only if all agree.
         output.add_property("content-type", types.pop() if len(types) == 1 else "application/json")
         return output
+
+    def _embeddings(self, inputs: Any, items: list[Any]) -> Any:
+        """A dynamic batch (or one request) of embedding requests: each answered, or refused, on its own."""
+        assert self.pooler is not None and self.config is not None
+        answers = answer_batch(items, self.pooler, self.config)
+        output = djl.new_output()
+        if not inputs.is_batch():
+            code, body = answers[0]
+            if code != 200:
+                return output.error(body, code=code, message=reason_phrase(code))
+            return output.add_property("content-type", "application/json").add(body)
+        for i, (code, body) in enumerate(answers):
+            output.add(body if code == 200 else dumps(error_object(code, body)), key="data", batch_index=i)
+        return output.add_property("content-type", "application/json")
 
     def _complete(self, jobs: list[Job]) -> list[str]:
         """Run jobs together until all finish; returns each one's whole body."""

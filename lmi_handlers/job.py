@@ -25,6 +25,7 @@ from .request import GenerationRequest, Payload, Schema, decode_body, parse_payl
 from .schemas import MAX_SEED
 from .sequence import SequenceState
 from .structured import tools as tool_calling
+from .structured.reasoning import Reasoning
 
 
 class Job:
@@ -89,9 +90,10 @@ class Job:
 
 
 def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
-                adapters: Adapters | None = None) -> Job:
+                adapters: Adapters | None = None, reasoning: Reasoning | None = None) -> Job:
     """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
-    for an adapter ``adapters`` does not hold)."""
+    for an adapter ``adapters`` does not hold). ``reasoning``: the model's reasoning convention, read apart in chat
+    answers."""
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
@@ -111,6 +113,8 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
         request = _structured(request, config, backend)
         _check_supported(request, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
+        if reasoning is not None and request.schema is Schema.CHAT:
+            request = _reasoning(request, reasoning.for_prompt(prompt_text), backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
         if seed is None and request.sampling.do_sample:
@@ -145,6 +149,15 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
     tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties),
                                  getattr(backend, "tool_call_parser", tool_calling.parser))
     return dataclasses.replace(request, tools=tools)
+
+
+def _reasoning(request: GenerationRequest, reasoning: Reasoning, backend: Backend) -> GenerationRequest:
+    """``request`` reading its answer's reasoning apart; its constraint (a schema, a forced tool call) starts after
+    the reasoning, unless the backend's own structured output waits for it (vllm: ``reasoning_parser``)."""
+    constraint = request.constraint
+    if constraint is not None and not getattr(backend, "reasoning_aware", False):
+        constraint = dataclasses.replace(constraint, lead=reasoning.lead())
+    return dataclasses.replace(request, reasoning=reasoning, constraint=constraint)
 
 
 def _check_supported(request: GenerationRequest, backend: Backend) -> None:

@@ -20,6 +20,7 @@ from .errors import invalid_field
 
 if TYPE_CHECKING:
     from .structured.constraint import Constraint
+    from .structured.reasoning import Reasoning
     from .structured.tools import ToolCalling
 
 MAX_SEED = 2**63 - 1
@@ -221,6 +222,8 @@ class GenerationRequest:
     #: The token budget's name as the client wrote it (``max_tokens`` or ``max_completion_tokens`` on chat), for
     #: errors found once the prompt is tokenized.
     budget_field: str = "parameters.max_new_tokens"
+    #: A reasoning model's convention (``option.reasoning_parser``): chat answers carry the reasoning apart.
+    reasoning: Reasoning | None = None
 
 
 @dataclass(frozen=True)

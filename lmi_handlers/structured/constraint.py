@@ -14,6 +14,7 @@ naming the field and the library's reason before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -40,13 +41,19 @@ class Constraint:
     whitespace: str | None = None
     #: ``json_object`` without a schema: any object, which nothing bounds, so finishing is best effort.
     any_object: bool = False
+    #: What the grammar allows before the constraint starts: a reasoning model's reasoning (``reasoning.py``).
+    lead: str | None = None
 
     @property
     def schema(self) -> Any:
         return json.loads(self.spec) if self.kind == "json" else None
 
     def grammar(self) -> str:
-        """The constraint as an llguidance grammar."""
+        """The constraint as an llguidance grammar (after ``lead``, where there is one)."""
+        if self.lead is not None:
+            from .reasoning import after_reasoning
+
+            return after_reasoning(dataclasses.replace(self, lead=None).grammar(), self.lead)
         from llguidance import LLMatcher
 
         if self.kind == "json":

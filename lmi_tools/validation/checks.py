@@ -17,6 +17,7 @@ from lmi_handlers.config import ConfigError, parse_bool, requested_backend
 from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
+from .pooling import pooling_findings
 from .fit import alternatives, fit_checks
 from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
 
@@ -41,6 +42,9 @@ def run_checks(target: Target) -> list[Finding]:
         findings.append(Finding("info", "hardware", f"{target.backend} backend: no weights, so the hardware checks "
                                                     "are skipped"))
         return findings
+    pooled = pooling_findings(target)
+    if pooled is not None:  # an embedding model: no KV cache to size
+        return findings + pooled
     if target.refusal is not None:
         return findings + [refused(target, target.refusal)]
     if target.plan is not None:  # the runtime's own warnings, even where the hardware is wrong for the backend

@@ -24,6 +24,7 @@ from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
 from ..modeldir.handler_config import handler_config
+from .pooling import embedding_figures, is_embedding
 from .runtime import check_files, plan_at
 
 
@@ -63,7 +64,14 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
     findings.extend(run_checks(target))
     return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
                   architecture=_describe(target), findings=findings,
-                  figures=figures(target) if target.arch and target.config and target.positions else {})
+                  figures=_figures(target))
+
+
+def _figures(target: Target) -> dict[str, str]:
+    if not (target.arch and target.config and target.positions):
+        return {}
+    found = figures(target)
+    return embedding_figures(found) if is_embedding(target) else found
 
 
 def _describe(target: Target) -> str:

@@ -39,7 +39,7 @@ def all_specs() -> list:
 
 
 def test_every_preset_is_listed():
-    assert len(preset_names()) == 11
+    assert len(preset_names()) == 12
 
 
 @pytest.mark.parametrize("spec", all_specs())

@@ -13,6 +13,7 @@ import os
 
 from ...config import HandlerConfig
 from ...errors import ConfigError
+from ...pooling import pooling_task
 from ..base import Backend, check_model_files
 from .options import KEYS
 from .options import HfOptions as Options
@@ -47,6 +48,10 @@ def check_files(config: HandlerConfig, options: Options) -> None:
 def load(config: HandlerConfig) -> Backend:
     if not config.properties.get("gguf_file"):  # a GGUF file carries its own config and tokenizer
         check_model_files(config.model_id)
+    if pooling_task(config.properties):  # option.task=text-embedding: vectors, not text (pooling.py)
+        from .pooling import HFPooler
+
+        return HFPooler(config)  # type: ignore[return-value]
     from .backend import HFBackend
 
     return HFBackend(config)

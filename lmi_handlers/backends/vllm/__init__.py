@@ -14,6 +14,7 @@ import importlib.util
 import os
 from typing import Any
 
+from ...pooling import pooling_task
 from .options import KEYS, Options
 from .plan import plan
 
@@ -47,9 +48,14 @@ def loadable() -> str | None:
 
 def load(config: Any) -> Any:
     from ..base import check_model_files
-    from .engine import VllmBackend
 
     check_model_files(config.model_id)
+    if pooling_task(config.properties):  # option.task=text-embedding: vLLM's pooling runner (pooling.py)
+        from .pooling import VllmPooler
+
+        return VllmPooler(config)
+    from .engine import VllmBackend
+
     return VllmBackend(config)
 
 

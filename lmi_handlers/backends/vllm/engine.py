@@ -53,6 +53,11 @@ class VllmBackend:
     #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
     #: (``structured/vllm.py``).
     structured_output = True
+    #: ``option.reasoning_parser`` reaches vLLM as its engine argument: its structured outputs wait for the end of
+    #: the reasoning (``structured/reasoning.py``).
+    reasoning_aware = True
+    #: Engine arguments a subclass sets whatever the options say (the pooler: vLLM's pooling runner).
+    engine_overrides: dict[str, Any] = {}
 
     def __init__(self, config: HandlerConfig):
         import vllm
@@ -75,6 +80,7 @@ class VllmBackend:
         self.option_keys = KEYS | set(accepted)
         kwargs = self.options.engine_args(config.model_id, accepted)
         kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        kwargs.update(self.engine_overrides)
         # vLLM reads "no free whitespace in JSON" from its engine config, not from a request's parameters: compact
         # JSON by default, as on the hf engine (a request's whitespace_pattern still allows some), through the same
         # grammar library (llguidance: vLLM's "guidance" backend).
@@ -88,6 +94,7 @@ class VllmBackend:
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
         self.llm = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=True)
+        self.model_config = vllm_config.model_config
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs

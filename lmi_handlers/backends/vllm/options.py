@@ -41,7 +41,9 @@ KEYS = frozenset(LMI_NAMES) | {"enable_lora", "max_loras", "max_lora_rank", "max
 #: Keys that belong to the handler or to DJLServing, never passed to vLLM even where an engine argument has the name.
 NOT_PASSED = frozenset({"model_id", "model_dir", "backend", "device", "rolling_batch", "batch_size", "max_new_tokens",
                         "output_formatter", "tgi_compat", "max_prompt_chars", "max_prompts_per_request", "entryPoint",
-                        "engine", "seed", "tokenizer"})
+                        "engine", "seed", "tokenizer",
+                        # the handler's embedding task (lmi_handlers/pooling/): the pooler names vLLM's runner
+                        "task", "normalize"})
 
 
 @dataclass(frozen=True)

@@ -89,14 +89,7 @@ def _model_object(model: ServedModel) -> dict[str, Any]:
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
     body = json_object(raw) if raw.strip() else {}
-    model = _model(store, request, body.get("model"))
-    adapter = _adapter(model, body.get("model"))
-    if adapter is not None:
-        raw = json.dumps({**body, "adapters": adapter}).encode()
-    elif isinstance(body.get("model"), str) and body["model"] != model.name:
-        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
-        raw = json.dumps({**body, "model": model.name}).encode()
-    pending = await submit(request, store, model, body=raw)
+    model, pending = await submit_openai(request, store, body, raw)
     start = await started(request, pending)
     if start is None:
         return Response(b"", Cancelled.status)
@@ -118,6 +111,23 @@ async def chat(request: Request, store: Store) -> Response:
     return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
 
 
+async def submit_openai(request: Request, store: ModelStore, body: dict[str, Any],
+                        raw: bytes | None = None) -> tuple[ServedModel, PendingRequest]:
+    """Queue an OpenAI body (chat, embeddings; ``raw``: as the client sent it) on the model its ``model`` names: a
+    LoRA adapter's name calls that adapter, a name of the client's own is answered by the one loaded model."""
+    model = model_for(store, request, body.get("model"))
+    adapter = _adapter(model, body.get("model"))
+    if adapter is not None:
+        raw = None
+        body = {**body, "adapters": adapter}
+    elif isinstance(body.get("model"), str) and body["model"] != model.name:
+        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
+        raw = None
+        body = {**body, "model": model.name}
+    payload = raw if raw is not None else json.dumps(body).encode()
+    return model, await submit(request, store, model, body=payload)
+
+
 @router.post("/v1/completions", openapi_extra=RAW_BODY)
 async def completions(request: Request, store: Store) -> Response:
     body = json_object(await read_body(request, store))
@@ -127,7 +137,7 @@ async def completions(request: Request, store: Store) -> Response:
                                                     f"{', '.join(COMPLETION_FIELDS)}")
     body = drop_nulls(body)
     refuse_unsupported(body, NEUTRAL)
-    model = _model(store, request, body.get("model"))
+    model = model_for(store, request, body.get("model"))
     prompt = body.get("prompt")
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
                                         all(isinstance(p, str) for p in prompt))):
@@ -185,7 +195,8 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return {**values, "details": True, "do_sample": values["temperature"] > 0}
 
 
-def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
+def model_for(store: ModelStore, request: Request, name: Any) -> ServedModel:
+    """The model an OpenAI body's ``model`` names (or the one loaded, for a name of the client's own)."""
     name = name or request.query_params.get("model_name")
     if isinstance(name, str) and (name in store.models or name in store.catalog):
         return named(store, name)  # a model this server knows answers for itself, or not at all
