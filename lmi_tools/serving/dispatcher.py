@@ -112,6 +112,8 @@ class ModelSettings:
     job_queue_size: int = 1000
     rolling: bool = False
     max_rolling_batch_size: int = 32
+    #: Why the worker runs DJL's sync or async engine (``lmi_handlers/mode.py``), for the log.
+    mode_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -149,7 +151,9 @@ class ServedModel:
         self.restarts = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
         #: DJL's async mode: the requests in flight on the worker.
-        self.channel = AsyncChannel(self.worker, self._deliver_async) if settings.worker.async_mode else None
+        # (With rolling batch on too, Java's rolling batch steps the async engine: no channel then.)
+        self.channel = AsyncChannel(self.worker, self._deliver_async) if settings.worker.async_mode and \
+            not settings.rolling else None
         #: The adapters registered on this model (as Java keeps them): re-registered whenever a worker starts.
         self.adapters: dict[str, AdapterRecord] = folder_adapters(settings.worker.model_dir,
                                                                    settings.worker.init_properties)
@@ -208,6 +212,9 @@ class ServedModel:
 
     def _load(self) -> bool:
         self.status = Status.PENDING
+        if self.settings.mode_reason:
+            logger.info("[%s] DJL's %s engine: %s", self.name, "async" if self.settings.worker.async_mode else "sync",
+                        self.settings.mode_reason)
         try:
             self.worker.start()
         except LoadFailed as exc:
