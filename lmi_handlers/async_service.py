@@ -48,10 +48,10 @@ class AsyncService:
             failure = self._load(inputs)
             if failure is not None or inputs.is_empty():
                 return failure
-        if inputs.is_empty():
-            return None
         if inputs.get_property(CANCEL_PROPERTY):
             self.cancel(str(inputs.get_property(CANCEL_PROPERTY)))
+            return None
+        if inputs.is_empty():
             return None
         if inputs.is_batch():
             return _failed(InvalidRequest(f"async mode answers one request per call; this call holds "
@@ -134,7 +134,7 @@ class AsyncService:
                 yield events
         finally:
             self.running.pop(tracking_id, None)
-            if not job.done:
+            if len(job.results) < len(job.seqs):  # cancelled, failed or left early: nothing more runs for it
                 self.engine.cancel(job.seqs)
 
     async def manage_adapter(self, inputs: Any, action: str) -> Any:
