@@ -2,7 +2,8 @@
 
 Run as ``python reference.py MODEL_DIR MAX_TOKENS ENGINE_ARGS_JSON OUT [LORA_DIR]`` with a JSON list of prompts on
 stdin; writes a JSON list of ``{"text", "token_ids"}`` to OUT (vLLM logs to stdout). With LORA_DIR every prompt runs
-with that LoRA adapter (``LoRARequest``), the engine arguments enabling LoRA.
+with that LoRA adapter (``LoRARequest``), the engine arguments enabling LoRA, except a prompt given as
+``{"prompt": ..., "lora": false}``.
 """
 
 import json
@@ -18,9 +19,11 @@ def main() -> None:
 
         lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=sys.argv[5])
     prompts = json.load(sys.stdin)
+    loras = [lora if not isinstance(p, dict) or p.get("lora", True) else None for p in prompts]
+    prompts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
     llm = LLM(model=model, **engine)
     outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False,
-                           lora_request=lora)
+                           lora_request=loras if lora is not None else None)
     with open(out, "w") as file:
         json.dump([{"text": o.outputs[0].text, "token_ids": list(o.outputs[0].token_ids)} for o in outputs], file)
 

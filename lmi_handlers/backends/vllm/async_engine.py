@@ -76,14 +76,15 @@ class AsyncVllmEngine:
                                    lora_request=vllm_lora_request(seq.adapter))
             outputs = self.client.generate(request.prompt, request.params, str(seq.uid),
                                            lora_request=request.lora_request)
-            async with contextlib.aclosing(outputs):  # leaving early (a stop sequence) aborts it in vLLM
+            async with contextlib.aclosing(outputs):
                 async for output in outputs:
                     events = append_output(seq, output)
                     if events:
                         deliver({seq.uid: events})
-                    if seq.finished:
-                        return
-            deliver({seq.uid: [seq.fail(500, "vLLM ended the request before it finished")]})
+                    if seq.finished and not output.finished:
+                        return  # our side stopped it first (a stop sequence): leaving aborts it in vLLM
+            if not seq.finished:
+                deliver({seq.uid: [seq.fail(500, "vLLM ended the request before it finished")]})
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
