@@ -19,13 +19,19 @@ def main() -> None:
 
         lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=sys.argv[5])
     prompts = json.load(sys.stdin)
-    loras = [lora if not isinstance(p, dict) or p.get("lora", True) else None for p in prompts]
-    prompts = [p["prompt"] if isinstance(p, dict) else p for p in prompts]
+    plain = [i for i, p in enumerate(prompts) if isinstance(p, dict) and not p.get("lora", True)]
+    adapted = [i for i in range(len(prompts)) if i not in plain]
     llm = LLM(model=model, **engine)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False,
-                           lora_request=loras if lora is not None else None)
+    answers = {}
+    # Each group in a generate call of its own, as a server would batch them.
+    for group, request in ((plain, None), (adapted, lora)):
+        texts = [prompts[i]["prompt"] if isinstance(prompts[i], dict) else prompts[i] for i in group]
+        outputs = llm.generate(texts, SamplingParams(temperature=0, max_tokens=max_tokens), use_tqdm=False,
+                               lora_request=request) if group else []
+        answers.update({i: {"text": o.outputs[0].text, "token_ids": list(o.outputs[0].token_ids)}
+                        for i, o in zip(group, outputs)})
     with open(out, "w") as file:
-        json.dump([{"text": o.outputs[0].text, "token_ids": list(o.outputs[0].token_ids)} for o in outputs], file)
+        json.dump([answers[i] for i in range(len(prompts))], file)
 
 
 if __name__ == "__main__":
