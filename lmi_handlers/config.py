@@ -178,6 +178,17 @@ class HandlerConfig:
         """Sequences join a running batch: DJL's rolling batch, or async mode's requests in the handler's engine."""
         return self.rolling or self.async_mode
 
+    def async_conflict(self) -> ConfigError | None:
+        """Why DJL's async engine cannot serve these settings: with DJL's rolling batch or dynamic batching on, Java
+        would send it batches (the handler's engine batches in async mode)."""
+        if not (self.rolling or self.batch_size > 1):
+            return None
+        key, value = ("rolling_batch", self.rolling_batch) if self.rolling else ("batch_size", self.batch_size)
+        return ConfigError(key, value, "DJL's async mode (option.async_mode=true) sends each request on its own and "
+                           "the handler's engine batches them; DJL's rolling batch and dynamic batching would send it "
+                           "batches: set option.rolling_batch=disable and batch_size=1 (option.backend names the "
+                           "engine)")
+
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
         props = {k: v for k, v in props.items() if not callable(v)}
@@ -216,12 +227,6 @@ class HandlerConfig:
             async_mode=java_true(props.get("async_mode", "false")),
             properties=dict(props),
         )
-        if config.async_mode and (config.rolling or config.batch_size > 1):
-            key, value = ("rolling_batch", rolling) if config.rolling else ("batch_size", config.batch_size)
-            raise ConfigError(key, value, "with option.async_mode=true DJLServing sends each request on its own "
-                              "and the handler's engine batches them; DJL's rolling batch and dynamic batching "
-                              "would send batches to the async engine: set option.rolling_batch=disable and "
-                              "batch_size=1 (option.backend names the engine)")
         if config.rolling and config.batch_size > 1:
             raise ConfigError("batch_size", config.batch_size,
                               "dynamic batching (batch_size > 1) cannot be combined with rolling batch; "

@@ -48,6 +48,9 @@ class Handler:
     def initialize(self, properties: dict[str, Any], awaited: bool = False) -> None:
         """Load; ``awaited`` (DJL's async engine calls): ``async_service.py`` starts the engine requests join."""
         config = HandlerConfig.from_properties(properties)
+        conflict = config.async_conflict() if awaited else None
+        if conflict is not None:
+            raise conflict
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request

@@ -19,7 +19,7 @@ from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
 from .fit import alternatives, fit_checks
-from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, handler_config, ignored_options
 from ..modeldir.image import model_architectures
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
@@ -96,7 +96,21 @@ def check_mode(target: Target) -> list[Finding]:
                         "use an image from DJL 0.33.0 (LMI v15) on for async mode" if ignored else "")]
     if entry.own_handle and entry.async_handle != mode.asynchronous:
         findings.append(Finding("error", "mode", _own_handle_mismatch(mode.asynchronous), _mode_hint(mode)))
+    conflict = _async_conflict(target, mode)
+    if conflict is not None:
+        findings.append(Finding("error", "mode", str(conflict), "async mode batches in the handler's engine, up to "
+                                "option.max_rolling_batch_size sequences"))
     return findings
+
+
+def _async_conflict(target: Target, mode: Mode) -> ConfigError | None:
+    """DJL's batching beside the async engine, with the recommender's writes as Java passes them."""
+    if not mode.asynchronous or target.config is None:
+        return None
+    try:
+        return handler_config({**target.props, **mode.properties}, str(target.model_dir)).async_conflict()
+    except ConfigError:
+        return None  # the properties check names it
 
 
 def _own_handle_mismatch(asynchronous: bool) -> str:

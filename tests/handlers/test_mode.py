@@ -4,7 +4,6 @@
 import pytest
 
 from lmi_handlers.config import HandlerConfig
-from lmi_handlers.errors import ConfigError
 from lmi_handlers.mode import Image, serving_mode
 
 LMI = Image("djl-lmi", "0.36.0")
@@ -40,9 +39,10 @@ def test_the_engine_each_image_runs(properties, image, architectures, asynchrono
     assert mode.properties == ({"async_mode": "true", "rolling_batch": "disable"} if recommended else {})
 
 
-def test_the_handler_reads_the_mode_as_java_does_and_refuses_djls_batching_beside_it():
+def test_the_handler_reads_the_mode_as_java_does_and_names_djls_batching_beside_it():
     assert HandlerConfig.from_properties({"async_mode": "True"}).async_mode
     assert not HandlerConfig.from_properties({"async_mode": "on"}).async_mode
     for key, value in (("rolling_batch", "scheduler"), ("batch_size", "4")):
-        with pytest.raises(ConfigError, match="option.rolling_batch=disable and batch_size=1"):
-            HandlerConfig.from_properties({"async_mode": "true", key: value})
+        conflict = HandlerConfig.from_properties({"async_mode": "true", key: value}).async_conflict()
+        assert conflict.key == key and "option.rolling_batch=disable and batch_size=1" in str(conflict)
+    assert HandlerConfig.from_properties({"async_mode": "true", "rolling_batch": "disable"}).async_conflict() is None

@@ -479,3 +479,11 @@ def test_the_last_neuronx_image_runs_sync_and_ignores_async_mode(tmp_path):
     report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
     [mode] = by_check(report, "mode")
     assert mode.level == "warning" and "djl-neuronx:0.30.0 (DJL 0.30.0) has only the synchronous engine" in mode.message
+
+
+def test_djls_batching_beside_async_mode_is_an_error(tmp_path):
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.tensor_parallel_degree": 4,
+             "option.async_mode": "true", "option.rolling_batch": "scheduler"}
+    report = validate_model_dir(make_dir(tmp_path, props, "ml.g5.12xlarge", LLAMA_2_7B))
+    [error] = report.errors
+    assert error.check == "mode" and "option.rolling_batch='scheduler'" in error.message
