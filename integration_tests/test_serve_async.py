@@ -28,11 +28,12 @@ ENV = {"PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTH
 def servers(serve_module):
     """The same scripted model in async mode on each engine, and in sync mode (one request per call) beside them."""
     model = serve_module.scripted("async", **SCRIPTED, **{"option.async_mode": "true"})
-    started = {"lmi": serve_module([model], env=ENV, args=["--engine", "lmi"]),
+    anywhere = ["--model-url-pattern", ".*"]  # adapter folders anywhere (the adapter test)
+    started = {"lmi": serve_module([model], env=ENV, args=["--engine", "lmi", *anywhere]),
                "sync": serve_module([serve_module.scripted("sync", **SCRIPTED, **{"option.rolling_batch": "disable"})],
                                     env=ENV, args=["--engine", "lmi"])}
     if DJL:
-        started["djl"] = serve_module([model], env=ENV, args=["--engine", "djl"])
+        started["djl"] = serve_module([model], env=ENV, args=["--engine", "djl", *anywhere])
     return started
 
 
@@ -177,3 +178,10 @@ def test_djls_engine_loads_a_model_py_without_an_entry_point(serve):
                             "    return None if inputs.is_empty() else Output().add_as_json({'ok': True})\n")
     server = serve([model], env=ENV, args=["--engine", "djl"])
     assert httpx.post(server.url + "/predictions/plain", json={}, timeout=30).json() == {"ok": True}
+
+
+@pytest.mark.parametrize("engine", ["lmi", pytest.param("djl", marks=needs_djl)])
+def test_an_adapter_call_is_answered_through_the_async_engine(servers, engine, tmp_path):
+    url = f"{servers[engine].management_url}/models/async/adapters"
+    refused = httpx.post(url, params={"name": "a1", "src": str(tmp_path)}, timeout=30)
+    assert refused.status_code == 400 and "does not serve adapters" in refused.text

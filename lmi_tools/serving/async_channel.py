@@ -40,8 +40,26 @@ class Tracked:
     cancel_sent: bool = False
 
 
+class Call:
+    """A handler call other than inference (an adapter's registration) waiting for its one answer."""
+
+    cancelled = False  # nobody waits on it to go away
+
+    def __init__(self) -> None:
+        self.code, self.body = 503, b""
+        self.done = threading.Event()
+
+    def answer(self, item: StepItem) -> None:
+        self.code, self.body = item.code or 200, (item.error if item.code else item.data).encode()
+        self.done.set()
+
+    def fail(self, code: int, message: str) -> None:
+        self.answer(StepItem(None, "", True, {}, code, message))
+
+
 class AsyncChannel:
-    """One worker's requests in flight. ``deliver(key, item)`` is called on the reader thread with each answer."""
+    """One worker's requests in flight. ``deliver(key, item)`` is called on the reader thread with each answer of a
+    request (``call`` waits for its own)."""
 
     def __init__(self, worker: Worker, deliver: Callable[[Any, StepItem], None]):
         self.worker = worker
@@ -64,6 +82,14 @@ class AsyncChannel:
         with self._lock:
             self.active[tracking_id] = Tracked(key)
             self.worker.send(Input(properties, inputs.content))
+
+    def call(self, inputs: Input, timeout: float) -> tuple[int, bytes]:
+        """Send a handler call (``inputs`` name its ``handler``) and wait for its answer: its status and body."""
+        call = Call()
+        self.send(inputs, call, handler=str(inputs.properties.get("handler", "handle")))
+        if not call.done.wait(timeout):
+            return 503, f'{{"error": "no answer to the call within {timeout:g} s"}}'.encode()
+        return call.code, call.body
 
     def cancel_gone(self, gone: Callable[[Any], bool]) -> None:
         """Tell the handler about requests whose client went away (``gone(key)``), once each."""
@@ -96,8 +122,10 @@ class AsyncChannel:
                     del self.active[tracking_id]
             if tracked is None:
                 logger.debug("[%s] an answer for no request in flight (%s) is dropped", self.worker.name, tracking_id)
-                continue
-            self.deliver(tracked.key, item)
+            elif isinstance(tracked.key, Call):
+                tracked.key.answer(item)
+            else:
+                self.deliver(tracked.key, item)
 
 
 def answer_item(header: OutputHeader) -> StepItem:

@@ -124,8 +124,6 @@ class QueueFull(Exception):
 class HandlerCall:
     """A call to one of the handler's other functions (``register_adapter``...), run between two steps."""
 
-    cancelled = False  # nobody waits on it to go away
-
     def __init__(self, inputs: Input):
         self.inputs = inputs
         self.code, self.body = 503, b""
@@ -134,9 +132,6 @@ class HandlerCall:
     def finish(self, code: int, body: bytes) -> None:
         self.code, self.body = code, body
         self.done.set()
-
-    def fail(self, code: int, message: str) -> None:
-        self.finish(code, json.dumps({"error": message}).encode())
 
 
 class ServedModel:
@@ -152,7 +147,7 @@ class ServedModel:
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
         #: DJL's async mode: the requests in flight on the worker.
         # (With rolling batch on too, Java's rolling batch steps the async engine: no channel then.)
-        self.channel = AsyncChannel(self.worker, self._deliver_async) if settings.worker.async_mode and \
+        self.channel = AsyncChannel(self.worker, self._deliver_item) if settings.worker.async_mode and \
             not settings.rolling else None
         #: The adapters registered on this model (as Java keeps them): re-registered whenever a worker starts.
         self.adapters: dict[str, AdapterRecord] = folder_adapters(settings.worker.model_dir,
@@ -243,11 +238,7 @@ class ServedModel:
 
     def _call_worker(self, inputs: Input) -> tuple[int, bytes]:
         if self.channel is not None:  # its answer comes through the channel's reader
-            call = HandlerCall(inputs)
-            self.channel.send(inputs, call, handler=str(inputs.properties.get("handler", "handle")))
-            if not call.done.wait(self.settings.worker.predict_timeout):
-                return 503, json.dumps({"error": f"model {self.name} did not answer the call"}).encode()
-            return call.code, call.body
+            return self.channel.call(inputs, self.settings.worker.predict_timeout)
         header = self.worker.predict(inputs)
         if header.is_stream:
             for _ in self.worker.stream():
@@ -440,12 +431,6 @@ class ServedModel:
             channel.cancel_gone(lambda key: key.cancelled)
         except WorkerDied:
             channel.dead.set()  # the reader sees it too; the next turn restarts the worker
-
-    def _deliver_async(self, key: Any, item: StepItem) -> None:
-        if isinstance(key, HandlerCall):
-            key.finish(item.code or 200, (item.error if item.code else item.data).encode())
-        else:
-            self._deliver_item(key, item)
 
     def _deliver_step(self, item: StepItem) -> None:
         self._deliver_item(item.request.key, item)
