@@ -24,6 +24,7 @@ from . import djl
 from .encoding import dumps
 from .errors import Cancelled, HandlerError, InvalidRequest, status_of
 from .events import ErrorEvent, Event
+from .handler import configuration
 from .job import Job
 from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES
 
@@ -67,8 +68,6 @@ class AsyncService:
     def _load(self, inputs: Any) -> Any:
         """Load the model (the init call, or a first request without one) and start its engine; None, or the
         error ``Output`` that fails the load."""
-        from .handler import configuration
-
         try:
             if not self.handler.initialized:
                 self.handler.initialize(configuration(inputs), awaited=True)
