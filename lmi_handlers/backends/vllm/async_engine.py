@@ -24,7 +24,7 @@ from ...errors import EngineStopped
 from ...events import Event
 from ...sequence import SequenceState
 from ...structured.vllm import structured_outputs_params
-from .engine import CORE_ENDED, engine_dead, exit_soon, request_error, append_output, check_request, watch_cores
+from .engine import EngineWatch, append_output, check_request, engine_dead, request_error
 from .sampling import vllm_request
 
 logger = logging.getLogger(__name__)
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 Deliver = Callable[[dict[int, list[Event]]], None]
 
 
-class AsyncVllmEngine:
+class AsyncVllmEngine(EngineWatch):
     """``client`` (vLLM's ``AsyncLLM``) for ``backend``'s sequences (its tokenizer's EOS ids, vocabulary size and
     ``seeds_stop_engine``); runs on the event loop that calls it."""
 
@@ -40,10 +40,7 @@ class AsyncVllmEngine:
         self.backend = backend
         self.client = client
         self.tasks: dict[int, tuple[asyncio.Task, SequenceState, Deliver]] = {}
-        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
-        self.stopped: str | None = None
-        self.exit_soon = exit_soon
-        watch_cores(self._core_ended)
+        super().__init__()
 
     def submit(self, seqs: Sequence[SequenceState], deliver: Deliver) -> None:
         """Start ``seqs``; their events reach ``deliver`` until each has its terminal event."""
@@ -109,9 +106,3 @@ class AsyncVllmEngine:
                 self.tasks.pop(uid)
                 task.cancel()
                 deliver({uid: [seq.fail(EngineStopped.status, self.stopped)]})
-
-    def _core_ended(self) -> None:
-        """From the watcher thread: an engine core process ended without vLLM saying so."""
-        if self.stopped is None:
-            self.stopped = CORE_ENDED
-            self.exit_soon()

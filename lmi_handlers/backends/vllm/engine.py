@@ -134,7 +134,25 @@ class VllmBackend:
         return ConfigError("rolling_batch", "vllm", f"vLLM refused the engine arguments {kwargs}: {message}")
 
 
-class VllmLoop:
+class EngineWatch:
+    """What the step loop and the async driver share: why vLLM's engine stopped, once it has (every request is then
+    refused with it), and ending this process then (the server starts a fresh worker)."""
+
+    def __init__(self) -> None:
+        self.stopped: str | None = None
+        self.exit_soon = exit_soon
+        watch_cores(self._core_ended)
+
+    def _core_ended(self, which: str) -> None:
+        """From ``watch_cores``' thread: an engine core process ended without vLLM saying so."""
+        if self.stopped is None:
+            logger.error("vllm: %s and vLLM's engine did not say so; this worker exits so that the server starts a "
+                         "fresh one", which)
+            self.stopped = CORE_ENDED
+            self.exit_soon()
+
+
+class VllmLoop(EngineWatch):
     """The handler's engine when vLLM runs the steps (``Engine``'s surface: ``add``, ``cancel``, ``step``...)."""
 
     def __init__(self, backend: VllmBackend):
@@ -143,12 +161,8 @@ class VllmLoop:
         self.seqs: dict[str, SequenceState] = {}
         #: Events of requests vLLM refused when they were added, answered at the next step.
         self.refused: dict[int, list[Event]] = {}
-        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
-        self.stopped: str | None = None
-        #: Ends this process once vLLM's engine stopped (the server then starts a fresh worker).
-        self.exit_soon = exit_soon
         self._logged = time.monotonic()
-        watch_cores(self._core_ended)
+        super().__init__()
 
     @property
     def idle(self) -> bool:
@@ -219,10 +233,6 @@ class VllmLoop:
         self.seqs = {}
         return events
 
-    def _core_ended(self) -> None:
-        if self.stopped is None:
-            self.stopped = CORE_ENDED
-            self.exit_soon()
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
@@ -280,8 +290,8 @@ def check_request(seq: SequenceState, backend: Any) -> None:
 
 
 def watch_cores(on_end: Any) -> None:
-    """Calls ``on_end()`` from a thread once one of vLLM's engine core processes (this process's children once the
-    engine is built; none when vLLM runs its core in this process) ends, a moment later: a core that fails tells
+    """Calls ``on_end(which)`` from a thread once one of vLLM's engine core processes (this process's children once
+    the engine is built; none when vLLM runs its core in this process) ends, a moment later: a core that fails tells
     the engine first, so ``on_end`` acts only where the engine did not say so."""
     cores = multiprocessing.active_children()
     if cores:
@@ -292,9 +302,7 @@ def _watch(cores: list[multiprocessing.Process], on_end: Any) -> None:
     multiprocessing.connection.wait([core.sentinel for core in cores])
     time.sleep(EXIT_DELAY)
     ended = next(core for core in cores if not core.is_alive())
-    logger.error("vllm: the engine process %s (pid %s) ended with code %s; unless vLLM's engine said so above, this "
-                 "worker exits so that the server starts a fresh one", ended.name, ended.pid, ended.exitcode)
-    on_end()
+    on_end(f"the engine process {ended.name} (pid {ended.pid}) ended with code {ended.exitcode}")
 
 
 def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
