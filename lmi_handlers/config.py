@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from .errors import ConfigError
+from .mode import java_true
 from .schemas import RequestLimits
 
 logger = logging.getLogger(__name__)
@@ -162,12 +163,31 @@ class HandlerConfig:
     max_model_len: int | None = None
     #: Per-request bounds checked before tokenizing (``option.max_prompt_chars``, ``option.max_prompts_per_request``).
     limits: RequestLimits = RequestLimits()
+    #: ``option.async_mode``: DJL's async engine awaits ``handle`` once per request and the handler's own step loop
+    #: batches them (``async_service.py``); read as Java reads it (``mode.py``).
+    async_mode: bool = False
     #: All init properties as received, for backend-specific options.
     properties: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def rolling(self) -> bool:
         return is_rolling(self.rolling_batch)
+
+    @property
+    def continuous(self) -> bool:
+        """Sequences join a running batch: DJL's rolling batch, or async mode's requests in the handler's engine."""
+        return self.rolling or self.async_mode
+
+    def async_conflict(self) -> ConfigError | None:
+        """Why DJL's async engine cannot serve these settings: with DJL's rolling batch or dynamic batching on, Java
+        would send it batches (the handler's engine batches in async mode)."""
+        if not (self.rolling or self.batch_size > 1):
+            return None
+        key, value = ("rolling_batch", self.rolling_batch) if self.rolling else ("batch_size", self.batch_size)
+        return ConfigError(key, value, "DJL's async mode (option.async_mode=true) sends each request on its own and "
+                           "the handler's engine batches them; DJL's rolling batch and dynamic batching would send it "
+                           "batches: set option.rolling_batch=disable and batch_size=1 (option.backend names the "
+                           "engine)")
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
@@ -204,6 +224,7 @@ class HandlerConfig:
                 max_prompt_chars=parse_int(props, "max_prompt_chars", RequestLimits.max_prompt_chars),
                 max_prompts_per_request=parse_int(props, "max_prompts_per_request",
                                                   RequestLimits.max_prompts_per_request)),
+            async_mode=java_true(props.get("async_mode", "false")),
             properties=dict(props),
         )
         if config.rolling and config.batch_size > 1:

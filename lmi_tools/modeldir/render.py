@@ -49,7 +49,8 @@ def render_files(spec: DeploySpec, source: str, rerender: str = "") -> dict[str,
     env = environment()
     context = {
         "spec": spec, "source": source, "rerender": rerender.encode("ascii", "backslashreplace").decode(),
-        "backend": spec.resolved_backend, "positions_key": spec.positions_key,
+        "backend": spec.resolved_backend, "positions_key": spec.positions_key, "image": str(spec.target_image),
+        "async_mode": spec.resolved_async_mode,
         "options": sorted(spec.options.items()), "server": sorted(spec.server.items()),
     }
     try:

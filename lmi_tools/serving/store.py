@@ -7,7 +7,10 @@ Configuration sources (reference/djl-contract.md §1.7-1.8, §7):
 * ``OPTION_<KEY>`` environment variables (``OPTION_ENTRYPOINT`` -> ``entryPoint``) and ``ARGS_<KEY>``,
   applied only where serving.properties is silent;
 * ``SERVING_<KEY>`` environment variables for server-wide defaults (``SERVING_JOB_QUEUE_SIZE``...), and
-  ``MODEL_LOADING_TIMEOUT`` / ``PREDICT_TIMEOUT``.
+  ``MODEL_LOADING_TIMEOUT`` / ``PREDICT_TIMEOUT``;
+* DJL's mode (``lmi_handlers/mode.py``): ``option.async_mode``, or what LMI's recommender decides for the image the
+  model directory targets (``# lmi: image=``, else its ``# lmi: instance_type=``'s default image, or the
+  ``SERVING_FEATURES`` this server runs with), with the recommender's writes to the init properties.
 """
 
 from __future__ import annotations
@@ -21,10 +24,14 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from lmi_handlers.config import ConfigError, is_rolling, parse_float, parse_int
+from lmi_handlers.mode import Image, Mode, serving_mode
 
-from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
+from ..modeldir.image import model_architectures, served_image, target_image
+from ..modeldir.properties import (init_properties, parse_directives, parse_properties, read_text,
+                                   with_environment)
 from .dispatcher import ModelSettings, ServedModel, Status
 from .worker.client import WorkerSettings
+from .worker.frontend import entry_points
 
 
 def setting(source: Mapping[str, str], key: str, default: Any, where: str, parse: Callable = parse_int,
@@ -39,6 +46,17 @@ def setting(source: Mapping[str, str], key: str, default: Any, where: str, parse
 
 def seconds(source: Mapping[str, str], key: str, default: float, where: str) -> float:
     return setting(source, key, default, where, parse_float, low=0, high=math.inf)
+
+
+def model_mode(model_dir: Path, props: Mapping[str, str],
+               environ: Mapping[str, str] = os.environ) -> tuple[Mode, Image | None]:
+    """The mode DJL runs this model directory in, and the image that decides it (the server's SERVING_FEATURES,
+    else the one the directory targets)."""
+    path = model_dir / "serving.properties"
+    directives = parse_directives(read_text(path)) if path.is_file() else {}
+    instance = directives.get("instance_type", "").removeprefix("ml.")
+    image = served_image(environ) or target_image(directives, instance.split(".")[0] or None, props)
+    return serving_mode(props, image, model_architectures(model_dir, props)), image
 
 
 def model_properties(model_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -103,9 +121,12 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
     props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
     env = model_env(props)
+    mode, image = model_mode(model_dir, props, environ)
+    props.update(mode.properties)  # the recommender's writes, as Java passes them on
+    entry, recommended = entry_points(model_dir, props, image.features if image else "", mode.asynchronous, environ)
     worker = WorkerSettings(
         model_dir=model_dir.resolve(), init_properties={k: v for k, v in props.items() if k != "env"},
-        entry_point=props.get("entryPoint", ""),
+        entry_point=entry, recommended_entry_point=recommended, async_mode=mode.asynchronous,
         model_loading_timeout=seconds(props, "model_loading_timeout", server.model_loading_timeout, where),
         predict_timeout=seconds(props, "predict_timeout", server.predict_timeout, where),
         chunked_read_timeout=server.chunked_read_timeout, engine=server.engine, env=env)
@@ -116,7 +137,7 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         max_batch_delay_ms=setting(props, "max_batch_delay", server.max_batch_delay, where, minimum=0),
         job_queue_size=setting(props, "job_queue_size", server.job_queue_size, where),
         rolling=is_rolling(props.get("rolling_batch")),
-        max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where))
+        max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where), mode_reason=mode.reason)
 
 
 #: Environment variables that make a worker load code from elsewhere (a model's ``env`` may not set them).

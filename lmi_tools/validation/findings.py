@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
+from lmi_handlers.mode import Image
 
 from ..instances import Instance
 from ..models.architecture import Architecture
@@ -55,6 +56,10 @@ class Target:
     #: Tokens the KV cache holds, as the load plan sizes it (0: one full-length row per sequence).
     kv_tokens: int = 0
     non_ascii: bool = False
+    #: The ``# lmi: key=value`` lines of serving.properties (``instance_type``, ``image``).
+    directives: dict[str, str] = field(default_factory=dict)
+    #: The LMI image the directory targets (``# lmi: image=``, else the instance's default).
+    image: Image | None = None
 
 
 def flag(props: Mapping[str, str], key: str) -> bool:

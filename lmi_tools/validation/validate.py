@@ -17,7 +17,9 @@ from lmi_handlers.backends.registry import BACKENDS, for_instance
 from lmi_handlers.config import ConfigError
 
 from ..instances import lookup
-from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
+from ..modeldir.properties import init_properties, instance_type, parse_directives, parse_properties, read_text
+from ..errors import UsageError
+from ..modeldir.image import target_image
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
@@ -89,8 +91,12 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     text = read_text(model_dir / "serving.properties")
     name = instance_type(model_dir, text, instance)
     target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
-                    instance=lookup(name), non_ascii=not text.isascii())
+                    instance=lookup(name), non_ascii=not text.isascii(), directives=parse_directives(text))
     findings: list[Finding] = []
+    try:
+        target.image = target_image(target.directives, target.instance.family, target.props)
+    except UsageError as exc:
+        findings.append(Finding("error", "mode", str(exc), exc.hint or ""))
     try:
         target.config = handler_config(target.props, str(target.model_dir))
     except ConfigError as exc:

@@ -5,6 +5,7 @@ and against transformers' own last hidden state of a decoder (the tiny Llama, la
 import base64
 import json
 import struct
+from types import SimpleNamespace
 
 import pytest
 
@@ -109,3 +110,38 @@ def test_an_embedding_model_refuses_rolling_batch_and_unknown_tasks(tmp_path, ti
     assert out.code == 400 and "option.rolling_batch" in bytes(out.content.value_at(0)).decode()
     out = Handler().handle(init_input({"model_id": str(tiny_model_dir), "task": "translation"}))
     assert out.code == 400 and "option.task" in bytes(out.content.value_at(0)).decode()
+
+
+def test_async_mode_answers_each_embedding_request_alone_as_sync_mode_does(minilm_dir, minilm):
+    """DJL's async engine (``option.async_mode=true``) awaits each request: its vectors are sync mode's, in
+    ``async_utils``' bytes, and a bad request fails alone with its own status."""
+    import asyncio
+    import queue
+
+    from lmi_tools.serving.worker.async_engine import invoke
+    from lmi_tools.serving.worker.codec import binary_decode
+
+    handler = Handler()
+    module = SimpleNamespace(handle=handler.handle)
+    loop = asyncio.new_event_loop()
+
+    async def call(inputs, tracking_id):
+        inputs.properties.update({"handler": "handle", "request_tracking_id": tracking_id})
+        inputs.function_name = "handle"
+        answers: queue.SimpleQueue = queue.SimpleQueue()
+        await invoke(module, inputs, answers)
+        return [binary_decode(bytes(out.content.value_at(0))) for out in [answers.get()]]
+
+    props = {"engine": "Python", "model_id": str(minilm_dir), "task": "text-embedding", "async_mode": "true"}
+    loop.run_until_complete(call(init_input(props), "init"))
+
+    async def both():
+        good = request_input(JSON, json.dumps({"input": TEXTS[:2]}).encode())
+        bad = request_input(JSON, json.dumps({"input": ""}).encode())
+        return await asyncio.gather(call(good, "a"), call(bad, "b"))
+
+    [[good]], [[bad]] = loop.run_until_complete(both())
+    [(code, sync)] = answers(minilm, {"input": TEXTS[:2]})
+    assert good["last"] == "True" and code == 200
+    assert [d["embedding"] for d in json.loads(good["data"])["data"]] == [d["embedding"] for d in sync["data"]]
+    assert bad["code"] == "400" and "input" in bad["error"]

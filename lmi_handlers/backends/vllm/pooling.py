@@ -13,7 +13,7 @@ from ...config import HandlerConfig
 from ...pooling import KEYS as POOLING_KEYS
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
-from .engine import VllmBackend, VllmLoop
+from .engine import VllmBackend
 
 _batches = itertools.count()
 
@@ -30,8 +30,9 @@ class VllmPooler(VllmBackend):
         self.max_length = self.max_sequence_length
         dimensions = getattr(self.model_config, "matryoshka_dimensions", None)
         self.matryoshka = tuple(dimensions) if dimensions else bool(self.model_config.is_matryoshka)
-        # A loop that runs no step: its watcher ends this worker if vLLM's engine process dies, as on generation.
-        self.watch = VllmLoop(self)
+        # vLLM's LLMEngine, stepped by ``embed``; the loop's watcher ends this worker if vLLM's engine process dies,
+        # as on generation.
+        self.watch = self.make_engine()
 
     def embed(self, rows: Sequence[Row]) -> list[list[float]]:
         from vllm.pooling_params import PoolingParams

@@ -130,7 +130,7 @@ def test_the_request_forms_name_adapters(handler, oracle):
                               "adapters": ["a2", ""]}])[0]
     assert [r["generated_text"] for r in listed] == [oracle["a2"][PROMPTS[0]], oracle[""][PROMPTS[1]]]
     # DJLServing's rolling-batch loop forwards only the body: the query parameter reaches the other modes' Input.
-    job = handler._prepare(request_input(JSON, json.dumps(payload(prompt, "a1")).encode(), [("adapter", "a3")]))
+    job = handler.prepare(request_input(JSON, json.dumps(payload(prompt, "a1")).encode(), [("adapter", "a3")]))
     assert [seq.adapter.name for seq in job.seqs] == ["a3"]
     header = JSON + [("X-Amzn-SageMaker-Adapter-Identifier", "a1")]
     assert serve(handler, [payload(prompt, "a2")], headers=header)[0]["generated_text"] == oracle["a1"][prompt]
