@@ -19,7 +19,10 @@ from typing import Any, Iterable, Mapping
 from . import dtypes
 from .adapters import KEYS as LORA_KEYS
 from .errors import ConfigError
+from .mode import java_true
 from .schemas import RequestLimits
+from .pooling.options import KEYS as POOLING_KEYS
+from .structured.reasoning import KEYS as REASONING_KEYS
 from .structured.tools import KEYS as TOOL_KEYS
 from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
 
@@ -66,7 +69,7 @@ SERVER_KEYS = frozenset({
 })
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({
-    "enable_streaming", "task", "device_map", "load_in_4bit",
+    "enable_streaming", "device_map", "load_in_4bit",
     "enforce_eager",
     "bedrock_compat", "chat_template", "waiting_steps",
 })
@@ -109,12 +112,31 @@ class HandlerConfig:
     max_model_len: int | None = None
     #: Per-request bounds checked before tokenizing (``option.max_prompt_chars``, ``option.max_prompts_per_request``).
     limits: RequestLimits = RequestLimits()
+    #: ``option.async_mode``: DJL's async engine awaits ``handle`` once per request and the handler's own step loop
+    #: batches them (``async_service.py``); read as Java reads it (``mode.py``).
+    async_mode: bool = False
     #: All init properties as received, for backend-specific options.
     properties: Mapping[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def rolling(self) -> bool:
         return is_rolling(self.rolling_batch)
+
+    @property
+    def continuous(self) -> bool:
+        """Sequences join a running batch: DJL's rolling batch, or async mode's requests in the handler's engine."""
+        return self.rolling or self.async_mode
+
+    def async_conflict(self) -> ConfigError | None:
+        """Why DJL's async engine cannot serve these settings: with DJL's rolling batch or dynamic batching on, Java
+        would send it batches (the handler's engine batches in async mode)."""
+        if not (self.rolling or self.batch_size > 1):
+            return None
+        key, value = ("rolling_batch", self.rolling_batch) if self.rolling else ("batch_size", self.batch_size)
+        return ConfigError(key, value, "DJL's async mode (option.async_mode=true) sends each request on its own and "
+                           "the handler's engine batches them; DJL's rolling batch and dynamic batching would send it "
+                           "batches: set option.rolling_batch=disable and batch_size=1 (option.backend names the "
+                           "engine)")
 
     @classmethod
     def from_properties(cls, props: Mapping[str, Any]) -> "HandlerConfig":
@@ -151,6 +173,7 @@ class HandlerConfig:
                 max_prompt_chars=parse_int(props, "max_prompt_chars", RequestLimits.max_prompt_chars),
                 max_prompts_per_request=parse_int(props, "max_prompts_per_request",
                                                   RequestLimits.max_prompts_per_request)),
+            async_mode=java_true(props.get("async_mode", "false")),
             properties=dict(props),
         )
         if config.rolling and config.batch_size > 1:
@@ -182,7 +205,7 @@ HANDLER_KEYS = frozenset({
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
-}) | frozenset(TOOL_KEYS) | LORA_KEYS
+}) | frozenset(TOOL_KEYS) | LORA_KEYS | frozenset(REASONING_KEYS) | frozenset(POOLING_KEYS)
 
 
 def _as_written(key: str) -> str:

@@ -6,8 +6,9 @@ Resolving takes three steps, each a function of the one before, each raising ``C
 the value and what is allowed) for what loading would refuse:
 
 - ``read_settings(properties) -> Settings``: the handler's own settings (``HandlerConfig``), its tool-call and LoRA
-  options, the backend they ask for (``option.backend``, or the ``option.rolling_batch`` value a backend owns) and
-  how DJLServing calls the handler (``Mode``);
+  options, the backend they ask for (``option.backend``, or the ``option.rolling_batch`` value a backend owns),
+  which of DJL's Python engines calls the handler (``mode.serving_mode``, given the LMI image where ``lmi validate``
+  names one) and whether the model embeds (``option.task``);
 - ``choose(settings, target) -> Choice``: the backend's registry entry and why (``auto`` is the first backend
   available here, or the one the instance's LMI image runs; a backend named here must be able to load);
 - ``Choice.deploy(model) -> Deployment``: the backend's options, its adapter rule, and for an instance its checks of
@@ -21,7 +22,7 @@ function (its package's ``plan``), from the memory the weights left.
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from .adapters import LoraOptions
 from .backends.base import Backend, DeviceMemory
@@ -29,8 +30,9 @@ from .backends.registry import BACKENDS, NAMES, Entry, for_instance
 from .backends.registry import choose as choose_here
 from .config import ROLLING_BATCH_MODES, HandlerConfig, check_unknown_keys
 from .errors import ConfigError
+from .mode import Image, Mode, serving_mode
+from .pooling import pooling_task
 from .structured.tools import ToolOptions
-from .values import parse_bool
 
 #: Device bytes no plan runs out of: a first plan on it says which dtype the weights load in.
 UNBOUNDED = 1 << 62
@@ -48,6 +50,9 @@ class Host:
     gpu_bytes: int | None = None
     #: GPUs or NeuronCores: what ``option.tensor_parallel_degree=max`` becomes.
     accelerators: int = 1
+    #: The LMI image that serves the model there, whose Java decides DJL's mode (``read_settings``); None here, where
+    #: the properties already hold what Java decided.
+    image: Image | None = None
 
     @property
     def here(self) -> bool:
@@ -73,16 +78,6 @@ class Model:
 
 
 @dataclass(frozen=True)
-class Mode:
-    """How DJLServing's Python engine calls the handler (``reference/djl-contract.md``)."""
-
-    #: ``option.rolling_batch`` is on: in sync mode, one call per generation step with every active request.
-    rolling: bool
-    #: ``option.async_mode``: DJL's ``PythonAsyncEngine`` awaits one call per request instead.
-    async_mode: bool
-
-
-@dataclass(frozen=True)
 class Settings:
     """The handler's own settings, and the backend they ask for."""
 
@@ -93,7 +88,12 @@ class Settings:
     asked_by: str
     tools: ToolOptions
     lora: LoraOptions
+    #: Which of DJL's Python engines calls the handler, and why (``mode.serving_mode``). ``config`` holds the
+    #: properties as Java passes them on (its recommender's writes included), so ``config.async_mode`` is what the
+    #: handler is told; the two differ only on an image without the async engine, which ignores the option.
     mode: Mode
+    #: ``option.task`` asks for embeddings (``pooling/``): the backend loads a pooler, not a generator.
+    embedding: bool
 
 
 @dataclass(frozen=True)
@@ -155,16 +155,20 @@ class Deployment(Choice):
 
 def resolve(properties: Mapping[str, Any], target: Host = HERE, model: Model | None = None) -> Deployment:
     """The deployment ``properties`` describe on ``target``; raises ``ConfigError``."""
-    return choose(read_settings(properties), target).deploy(model)
+    architectures = list(model.config.get("architectures") or []) if model is not None else None
+    return choose(read_settings(properties, target.image, architectures), target).deploy(model)
 
 
-def read_settings(properties: Mapping[str, Any]) -> Settings:
-    """The handler's own settings and the backend they ask for; raises ``ConfigError``."""
-    config = HandlerConfig.from_properties(properties)
+def read_settings(properties: Mapping[str, Any], image: Image | None = None,
+                  architectures: Sequence[str] | None = None) -> Settings:
+    """The handler's own settings and the backend they ask for; raises ``ConfigError``. ``image`` (the LMI image
+    that serves the model) and ``architectures`` (its ``config.json``'s, None where DJL finds none) decide DJL's mode
+    as ``mode.serving_mode`` says; here (None) the properties already carry what Java decided."""
+    mode = serving_mode(properties, image, architectures)
+    config = HandlerConfig.from_properties({**properties, **mode.properties})
     requested, asked_by = _requested(config)
     return Settings(config, requested, asked_by, ToolOptions.from_properties(config.properties),
-                    LoraOptions.from_properties(config.properties),
-                    Mode(config.rolling, parse_bool(config.properties, "async_mode", False)))
+                    LoraOptions.from_properties(config.properties), mode, pooling_task(config.properties))
 
 
 def choose(settings: Settings, target: Host = HERE) -> Choice:

@@ -9,19 +9,22 @@ container would give them, and the backend registry for the options each backend
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from lmi_handlers.backends.registry import BACKENDS, for_instance
 from lmi_handlers.config import check_unknown_keys
 from lmi_handlers.deployment import Settings, read_settings
+from lmi_handlers.mode import Image
 
 #: Where SageMaker and `docker run -v` put the model directory inside the container.
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 
 
-def settings(props: Mapping[str, str], model_dir: str) -> Settings:
-    """The handler's settings as it reads them in the container; raises ``ConfigError``."""
-    return read_settings(container_properties(props, model_dir))
+def settings(props: Mapping[str, str], model_dir: str, image: Image | None = None,
+             architectures: Sequence[str] | None = None) -> Settings:
+    """The handler's settings as it reads them in the container, under the mode ``image`` runs the model in
+    (``deployment.read_settings``); raises ``ConfigError``."""
+    return read_settings(container_properties(props, model_dir), image, architectures)
 
 
 def container_properties(props: Mapping[str, str], model_dir: str) -> dict[str, str]:

@@ -16,6 +16,7 @@ import jinja2
 from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
+from ..outputs import check_writable
 from .handler_config import ignored_options, settings
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
@@ -48,7 +49,8 @@ def render_files(spec: DeploySpec, source: str, rerender: str = "") -> dict[str,
     env = environment()
     context = {
         "spec": spec, "source": source, "rerender": rerender.encode("ascii", "backslashreplace").decode(),
-        "backend": spec.resolved_backend, "positions_key": spec.positions_key,
+        "backend": spec.resolved_backend, "positions_key": spec.positions_key, "image": str(spec.target_image),
+        "async_mode": spec.resolved_async_mode,
         "options": sorted(spec.options.items()), "server": sorted(spec.server.items()),
     }
     try:
@@ -81,6 +83,7 @@ def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: b
     existing = [name for name in files if (out / name).exists()]
     if existing and not force:
         raise UsageError(f"{out} already has {', '.join(existing)}", hint="pass --force to overwrite them")
+    check_writable(out, folder=True)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():

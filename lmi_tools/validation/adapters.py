@@ -7,8 +7,6 @@ the model's dtype beside the base weights.
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +14,7 @@ from lmi_handlers.adapters import FOLDER, LoraOptions, read_adapter
 from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
 from lmi_handlers.errors import InvalidRequest
+from lmi_handlers.safetensors_header import read_header
 
 from .findings import Finding, Target, flag
 from .fit import human_bytes
@@ -91,6 +90,4 @@ def _layer_widths(target: Target) -> set[int]:
 def _safetensors_header(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}  # an adapter_model.bin: its shapes need torch; the runtime checks them at registration
-    with path.open("rb") as file:
-        (size,) = struct.unpack("<Q", file.read(8))
-        return json.loads(file.read(size))
+    return read_header(path)  # read_adapter has checked it already

@@ -11,16 +11,18 @@ from __future__ import annotations
 from typing import Any
 
 from lmi_handlers.deployment import Host, Model, choose
+from lmi_handlers.mode import Image
 
 from ..instances import GIB, Instance
 from .findings import Target
 from .sizing import gpu_head_layout, weight_bytes
 
 
-def host(instance: Instance) -> Host:
-    """The instance as the resolver's target: its family, one GPU's memory, and its GPUs or NeuronCores."""
+def host(instance: Instance, image: Image | None = None) -> Host:
+    """The instance as the resolver's target: its family, one GPU's memory, its GPUs or NeuronCores, and the LMI
+    image that serves the model there."""
     gpu = instance.memory_per_core_gib * GIB if instance.kind == "gpu" else None
-    return Host(family=instance.family, kind=instance.kind, gpu_bytes=gpu, accelerators=instance.cores)
+    return Host(family=instance.family, kind=instance.kind, gpu_bytes=gpu, accelerators=instance.cores, image=image)
 
 
 def model(target: Target) -> Model | None:
@@ -35,5 +37,5 @@ def plan_at(target: Target, tp: int) -> Any:
     """The load plan the backend makes on ``target.instance`` for this model over ``tp`` devices; raises
     ``ConfigError``."""
     assert target.choice is not None and target.model_config is not None
-    choice = choose(target.choice, host(target.instance))
+    choice = choose(target.choice, host(target.instance, target.image))
     return choice.plan_for(choice.backend.options(choice.config.properties), model(target), tp)

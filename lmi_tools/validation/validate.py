@@ -15,16 +15,20 @@ from typing import Any
 
 from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
-from lmi_handlers.deployment import choose
+from lmi_handlers.deployment import Settings, choose
+from lmi_handlers.mode import serving_mode
 
 from ..instances import lookup
-from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
+from ..modeldir.properties import init_properties, instance_type, parse_directives, parse_properties, read_text
+from ..errors import UsageError
+from ..modeldir.image import model_architectures, target_image
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
 from ..modeldir.handler_config import settings
+from .pooling import embedding_figures, is_embedding
 from .runtime import host, model, plan_at
 
 
@@ -64,7 +68,14 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
     findings.extend(run_checks(target))
     return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
                   architecture=_describe(target), findings=findings,
-                  figures=figures(target) if target.arch and target.config and target.positions else {})
+                  figures=_figures(target))
+
+
+def _figures(target: Target) -> dict[str, str]:
+    if not (target.arch and target.config and target.positions):
+        return {}
+    found = figures(target)
+    return embedding_figures(found) if is_embedding(target) else found
 
 
 def _describe(target: Target) -> str:
@@ -82,11 +93,17 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     text = read_text(model_dir / "serving.properties")
     name = instance_type(model_dir, text, instance)
     target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
-                    instance=lookup(name), non_ascii=not text.isascii())
+                    instance=lookup(name), non_ascii=not text.isascii(), directives=parse_directives(text))
     findings: list[Finding] = []
+    try:
+        target.image = target_image(target.directives, target.instance.family, target.props)
+    except UsageError as exc:
+        findings.append(Finding("error", "mode", str(exc), exc.hint or ""))
     try:
         read = settings(target.props, str(target.model_dir))
     except ConfigError as exc:
+        if target.image is not None:  # DJL's rule alone: lmi_handlers does not get to read these properties
+            target.mode = serving_mode(target.props, target.image, model_architectures(target.model_dir, target.props))
         if entry_point_of(target.model_dir, target.props).own_handle:
             findings.append(Finding("info", "properties", f"{exc} for lmi_handlers, but model.py defines its own "
                                     "handle(), which reads the properties itself; the hardware checks need "
@@ -97,14 +114,26 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
         return target, findings
     target.config = read.config
     try:
-        target.choice = choose(read, host(target.instance))
+        target.choice = choose(read, host(target.instance, target.image))
     except ConfigError as exc:
+        target.mode = in_mode(target).mode
         return target, findings + [Finding("error", "backend", str(exc))]
     target.backend = target.choice.backend.name
     if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
+    read = in_mode(target)
+    target.mode, target.config, target.choice = read.mode, read.config, choose(read, host(target.instance, target.image))
     resolve_settings(target)
     return target, findings
+
+
+def in_mode(target: Target) -> Settings:
+    """The handler's settings under DJL's mode on the target image, as the resolver decides it from the image and the
+    model's architectures (the recommender's writes included, as Java passes them on)."""
+    config = target.model_config
+    architectures = (config.get("architectures") or []) if config is not None else \
+        model_architectures(target.model_dir, target.props)
+    return settings(target.props, str(target.model_dir), target.image, architectures)
 
 
 def _load_architecture(target: Target, config_path: str | Path | None) -> list[Finding]:

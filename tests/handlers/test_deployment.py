@@ -15,6 +15,7 @@ from lmi_handlers.deployment import HERE, Host, Model, choose, read_settings, re
 from lmi_handlers.dtypes import BYTES
 from lmi_handlers.errors import ConfigError
 from lmi_handlers.handler import Handler
+from lmi_handlers.mode import Image
 from lmi_handlers.structured.tools import ToolOptions
 from lmi_tools.serving.worker.frontend import init_input, request_input
 
@@ -44,7 +45,7 @@ def test_the_names_a_backend_owns_are_checked_against_the_registry(props, messag
 ])
 def test_rolling_batch_vllm_selects_the_vllm_backend(props, asked_by):
     settings = read_settings(props)
-    assert (settings.requested, settings.asked_by, settings.mode.rolling) == ("vllm", asked_by, True)
+    assert (settings.requested, settings.asked_by, settings.config.rolling) == ("vllm", asked_by, True)
 
 
 def test_on_this_machine_the_deployment_holds_every_setting_parsed(tmp_path):
@@ -54,10 +55,23 @@ def test_on_this_machine_the_deployment_holds_every_setting_parsed(tmp_path):
     assert deployment.why == "option.backend=scripted"
     assert deployment.options == scripted.Options(text="ab") and deployment.tools == ToolOptions()
     assert deployment.lora == LoraOptions(enabled=True, max_loras=2)
-    assert deployment.mode.rolling and not deployment.mode.async_mode
+    assert deployment.config.rolling and not deployment.mode.asynchronous and not deployment.embedding
     assert deployment.plan is None  # here the backend plans at load, after the weights
     assert deployment.warnings == ("unknown option.max_new_token is ignored; did you mean option.max_new_tokens?",)
-    assert resolve({"model_dir": str(tmp_path), "async_mode": "true"}).mode.async_mode
+    assert resolve({"model_dir": str(tmp_path), "async_mode": "true"}).mode.asynchronous
+    assert resolve({"model_dir": str(tmp_path), "task": "text-embedding"}).embedding
+
+
+def test_djls_mode_on_an_image_is_read_once_with_the_recommenders_writes(tmp_path):
+    # Here the properties already hold what Java decided; for an LMI image the resolver asks mode.py, and the
+    # handler's settings are what Java passes on (rolling_batch=disable, async_mode=true).
+    props = {"model_dir": str(tmp_path)}
+    assert not read_settings(props).mode.asynchronous
+    settings = read_settings(props, Image("djl-lmi", "0.36.0"), ["LlamaForCausalLM"])
+    assert settings.mode.asynchronous and "recommender" in settings.mode.reason
+    assert settings.config.async_mode and settings.config.continuous and not settings.config.rolling
+    old = read_settings({**props, "async_mode": "true"}, Image("djl-lmi", "0.30.0"), ["LlamaForCausalLM"])
+    assert not old.mode.asynchronous and old.config.async_mode  # that image ignores the option the handler reads
 
 
 def test_auto_here_says_what_it_found(tmp_path):

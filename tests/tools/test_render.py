@@ -42,7 +42,7 @@ def all_specs() -> list:
 
 
 def test_every_preset_is_listed():
-    assert len(preset_names()) == 11
+    assert len(preset_names()) == 12
 
 
 @pytest.mark.parametrize("spec", all_specs())
@@ -58,10 +58,15 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     if backend not in ("scripted", "vllm"):  # vllm presets set vLLM's own options
         assert check_unknown_keys(props, NEURONX_KEYS) == []
     assert config.tensor_parallel_degree == spec.tensor_parallel_degree
-    assert config.rolling == spec.rolling_batch
+    # The image's default mode: async on current LMI images (the handler's engine batches), sync on the last
+    # transformers-neuronx one; DJL's rolling batch only beside the sync engine.
+    assert config.async_mode == spec.resolved_async_mode == (spec.target_image.name == "djl-lmi" and
+                                                             spec.batch_size == 1)
+    assert config.rolling == (spec.rolling_batch and not config.async_mode)
     assert config.batch_size == (1 if spec.rolling_batch else spec.batch_size)
-    if spec.rolling_batch:
+    if config.rolling:
         assert props["rolling_batch"] == ("vllm" if backend == "vllm" else "scheduler")
+    if config.continuous:
         assert config.max_rolling_batch_size == spec.max_rolling_batch_size
     if spec.n_positions:
         assert props[spec.positions_key] == str(spec.n_positions)
@@ -69,7 +74,7 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     assert props["model_loading_timeout"] == str(spec.model_loading_timeout)
     assert props["predict_timeout"] == str(spec.predict_timeout)
     text = (tmp_path / "serving.properties").read_text()
-    assert parse_directives(text) == {"instance_type": spec.instance_type}
+    assert parse_directives(text) == {"instance_type": spec.instance_type, "image": str(spec.target_image)}
 
 
 def test_rendered_model_py_is_the_two_line_shim(tmp_path):

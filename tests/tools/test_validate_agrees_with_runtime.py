@@ -29,7 +29,8 @@ from lmi_handlers.backends.vllm.options import LMI_NAMES
 from lmi_handlers.config import HANDLER_KEYS, SERVER_KEYS, ConfigError
 from lmi_handlers.deployment import Deployment, Model, resolve
 from lmi_tools.instances import INSTANCES, Instance
-from lmi_tools.modeldir.properties import read_serving_properties
+from lmi_tools.modeldir.image import target_image
+from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
 from lmi_tools.modeldir.render import write_model_dir
 from lmi_tools.modeldir.resources import known_model_config, preset_names, preset_spec
 from lmi_tools.modeldir.spec import load_spec
@@ -58,12 +59,15 @@ MODEL_CONFIGS.update({
 
 
 def runtime(props: dict[str, str], model: dict, instance: Instance, model_dir: Path) -> Deployment | str:
-    """The deployment the handler's init call resolves on ``instance`` (the weights sized as the runtime measures them
-    once loaded), or its refusal (the ``ConfigError``'s text)."""
+    """The deployment the handler's init call resolves on ``instance`` in the image the directory targets, DJL's mode
+    decided there (the weights sized as the runtime measures them once loaded), or its refusal (the
+    ``ConfigError``'s text)."""
     arch = read_architecture(model)
     weights = Model(model, lambda dtype, int8: weight_bytes(arch, gpu_head_layout(arch, 1), dtype, int8))
+    directives = parse_directives((model_dir / "serving.properties").read_text(encoding="utf-8"))
     try:
-        return resolve({**props, "model_dir": str(model_dir)}, host(instance), weights)
+        image = target_image(directives, instance.family, props)
+        return resolve({**props, "model_dir": str(model_dir)}, host(instance, image), weights)
     except ConfigError as exc:
         return str(exc)
 
@@ -107,8 +111,8 @@ def assert_sizes_the_batch_it_runs(deployment: Deployment, report: Report) -> No
         return
     if deployment.backend.name == "vllm":
         assert plan.batch_size == deployment.options.engine_args("model").get("max_num_seqs")
-    if deployment.mode.rolling and not any(f.check == "backend" for f in report.errors):  # else not checked
-        assert any(f.message == f"rolling batch: up to {plan.batch_size} sequences per step"
+    if deployment.config.continuous and not any(f.check == "backend" for f in report.errors):  # else not checked
+        assert any(f.message.endswith(f": up to {plan.batch_size} sequences per step")
                    for f in report.findings if f.check == "batching"), report.findings
 
 

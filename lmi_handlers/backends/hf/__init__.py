@@ -56,6 +56,10 @@ def load(deployment: Any) -> Backend:
     config = deployment.config
     if not deployment.options.gguf_file:  # a GGUF file carries its own config and tokenizer
         check_model_files(config.model_id)
+    if deployment.embedding:  # option.task=text-embedding: vectors, not text (pooling.py)
+        from .pooling import HFPooler
+
+        return HFPooler(config)  # type: ignore[return-value]
     from .backend import HFBackend
 
     return HFBackend(config, deployment.options)

@@ -176,7 +176,7 @@ def plan_compile(config: HandlerConfig, options: NeuronxOptions, model: Mapping[
     if model_type not in MODEL_CLASSES:
         raise ConfigError("model_id", config.model_id, f"its config.json says model_type={model_type!r}; the "
                           f"neuronx backend serves {', '.join(sorted(MODEL_CLASSES))}")
-    batch = config.max_rolling_batch_size if config.rolling else config.batch_size
+    batch = config.max_rolling_batch_size if config.continuous else config.batch_size
     tp = _tp_degree(config)
     amp = _amp(config, options, model)
     n_positions = _n_positions(options, model, model_type)

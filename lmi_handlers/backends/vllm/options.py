@@ -47,7 +47,9 @@ MAX_NUM_SEQS = INT_OPTIONS["max_rolling_batch_size"].default
 #: Keys that belong to the handler or to DJLServing, never passed to vLLM even where an engine argument has the name.
 NOT_PASSED = frozenset({"model_id", "model_dir", "backend", "device", "rolling_batch", "batch_size", "max_new_tokens",
                         "output_formatter", "tgi_compat", "max_prompt_chars", "max_prompts_per_request", "entryPoint",
-                        "engine", "seed", "tokenizer"})
+                        "engine", "seed", "tokenizer",
+                        # the handler's embedding task (lmi_handlers/pooling/): the pooler names vLLM's runner
+                        "task", "normalize"})
 
 
 @dataclass(frozen=True)

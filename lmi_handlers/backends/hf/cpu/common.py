@@ -25,7 +25,7 @@ logger = logging.getLogger(__name__)
 
 # From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
 # the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and from this
-# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
+# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/engine.md has the figures).
 WIDE_ROWS = 320
 # The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.
 CAPABILITY_FLAGS = {

@@ -23,7 +23,7 @@ workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: p
 every CPU, since its products are large enough to share and the server has little to stream meanwhile. A wide
 step's logits are the same bits on one thread as on two (torch's product and attention split rows, not the sums;
 ``tests/handlers/test_cpu_kernels.py`` checks it), so the answers do not depend on the policy
-(``benchmarks/threads.py`` measures it; docs/optimizations.md has the figures).
+(``benchmarks/threads.py`` measures it; docs/engine.md has the figures).
 """
 
 from __future__ import annotations
