@@ -130,17 +130,18 @@ def test_async_mode_answers_each_embedding_request_alone_as_sync_mode_does(minil
         inputs.function_name = "handle"
         answers: queue.SimpleQueue = queue.SimpleQueue()
         await invoke(module, inputs, answers)
-        return [binary_decode(bytes(out.content.value_at(0))) for out in [answers.get()]]
+        return answers.get()
 
     props = {"engine": "Python", "model_id": str(minilm_dir), "task": "text-embedding", "async_mode": "true"}
-    loop.run_until_complete(call(init_input(props), "init"))
+    assert loop.run_until_complete(call(init_input(props), "init")).code == 204  # loaded: DJL's "No content"
 
     async def both():
         good = request_input(JSON, json.dumps({"input": TEXTS[:2]}).encode())
         bad = request_input(JSON, json.dumps({"input": ""}).encode())
-        return await asyncio.gather(call(good, "a"), call(bad, "b"))
+        outputs = await asyncio.gather(call(good, "a"), call(bad, "b"))
+        return [binary_decode(bytes(out.content.value_at(0))) for out in outputs]
 
-    [[good]], [[bad]] = loop.run_until_complete(both())
+    good, bad = loop.run_until_complete(both())
     [(code, sync)] = answers(minilm, {"input": TEXTS[:2]})
     assert good["last"] == "True" and code == 200
     assert [d["embedding"] for d in json.loads(good["data"])["data"]] == [d["embedding"] for d in sync["data"]]
