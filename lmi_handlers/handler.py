@@ -1,7 +1,7 @@
 """The handler behind ``handle(inputs)``: load on the init call, then serve every request shape.
 
-* the empty init call: resolve its properties into a ``Deployment`` (``deployment.py``: the settings, the backend and
-  its options, parsed once), load the backend, return None;
+* the empty init call: resolve its properties into a ``Deployment`` (``deployment.py``: the settings, DJL's mode, the
+  backend and its options, parsed once), load the backend, return None;
 * called from an event loop (DJL's async engine, ``option.async_mode=true``): a coroutine, answered by
   ``async_service.py`` (one request per call, joining the backend's step loop);
 * rolling batch (``option.rolling_batch=auto|scheduler``): one call per generation step;

@@ -116,18 +116,19 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     try:
         target.choice = choose(read, host(target.instance, target.image))
     except ConfigError as exc:
-        target.mode = in_mode(target).mode
+        target.mode = _in_mode(target).mode
         return target, findings + [Finding("error", "backend", str(exc))]
     target.backend = target.choice.backend.name
     if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
-    read = in_mode(target)
-    target.mode, target.config, target.choice = read.mode, read.config, choose(read, host(target.instance, target.image))
+    read = _in_mode(target)
+    target.mode, target.config = read.mode, read.config
+    target.choice = choose(read, host(target.instance, target.image))
     resolve_settings(target)
     return target, findings
 
 
-def in_mode(target: Target) -> Settings:
+def _in_mode(target: Target) -> Settings:
     """The handler's settings under DJL's mode on the target image, as the resolver decides it from the image and the
     model's architectures (the recommender's writes included, as Java passes them on)."""
     config = target.model_config
