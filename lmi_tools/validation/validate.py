@@ -114,16 +114,18 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
         return target, findings
     target.config = read.config
     try:
-        target.choice = choose(read, host(target.instance, target.image))
+        choice = choose(read, host(target.instance, target.image))
     except ConfigError as exc:
-        target.mode = _in_mode(target).mode
-        return target, findings + [Finding("error", "backend", str(exc))]
-    target.backend = target.choice.backend.name
-    if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
+        choice = None
+        findings.append(Finding("error", "backend", str(exc)))
+    if choice is not None and choice.backend.needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
-    read = _in_mode(target)
+    read = _in_mode(target)  # the model's architectures known: the settings as Java passes them on
     target.mode, target.config = read.mode, read.config
+    if choice is None:
+        return target, findings
     target.choice = choose(read, host(target.instance, target.image))
+    target.backend = target.choice.backend.name
     resolve_settings(target)
     return target, findings
 
