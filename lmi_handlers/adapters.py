@@ -21,9 +21,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .config import ConfigError, parse_bool, parse_int
-from .errors import AdapterNotFound, InvalidRequest, invalid_field
+from .errors import AdapterNotFound, ConfigError, InvalidRequest, invalid_field
 from .safetensors_header import read_header
+from .values import parse_bool, parse_int
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ logger = logging.getLogger(__name__)
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 #: The folder beside serving.properties whose sub-folders are registered at start.
 FOLDER = "adapters"
+#: The options ``LoraOptions`` reads.
+KEYS = frozenset({"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"})
 #: An adapter folder's files, as peft's ``save_pretrained`` writes them (safetensors, else torch.save's format).
 CONFIG = "adapter_config.json"
 WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
@@ -59,6 +61,23 @@ class LoraOptions:
             raise ConfigError("max_cpu_loras", options.max_cpu_loras,
                               f"must be at least option.max_loras ({options.max_loras})")
         return options
+
+
+@dataclass(frozen=True)
+class AdapterRule:
+    """How a backend serves LoRA adapters (its package's ``ADAPTERS``; a backend without one serves none): what it
+    refuses at load, and what ``lmi validate`` checks each adapter against."""
+
+    #: The largest ``option.max_lora_rank`` it serves; None: any.
+    max_rank: int | None = None
+    #: Module names an adapter may not adapt.
+    refused_modules: tuple[str, ...] = ()
+
+    def check(self, options: LoraOptions, backend: str) -> None:
+        """``ConfigError`` for LoRA options the backend cannot serve."""
+        if options.enabled and self.max_rank is not None and options.max_lora_rank > self.max_rank:
+            raise ConfigError("max_lora_rank", options.max_lora_rank, f"the {backend} backend serves ranks up to "
+                              f"{self.max_rank}")
 
 
 @dataclass(frozen=True)
@@ -246,32 +265,3 @@ def adapter_names(names: Any, count: int) -> list[str]:
                                                f"{len(names)} names")
     return names
 
-
-# --- the vLLM engine: the same adapters and options in vLLM's terms -----------------------------------
-
-#: The ranks vLLM's ``LoRAConfig.max_lora_rank`` accepts.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_engine_args(options: LoraOptions) -> dict[str, Any]:
-    """vLLM's engine arguments for ``options`` ({} when LoRA is off). vLLM accepts only ``VLLM_RANKS`` as its rank
-    limit: ``option.max_lora_rank`` is rounded up to the next of them (adapters are still checked against the
-    option itself at registration). vLLM's ``max_cpu_loras`` is its cache of loaded adapters, at least
-    ``max_loras``."""
-    if not options.enabled:
-        return {}
-    rank = next((r for r in VLLM_RANKS if r >= options.max_lora_rank), None)
-    if rank is None:
-        raise ConfigError("max_lora_rank", options.max_lora_rank, f"vLLM serves ranks up to {VLLM_RANKS[-1]}")
-    return {"enable_lora": True, "max_loras": options.max_loras, "max_lora_rank": rank,
-            "max_cpu_loras": max(options.max_cpu_loras or options.max_loras, options.max_loras)}
-
-
-def vllm_lora_request(adapter: Adapter | None) -> Any:
-    """vLLM's ``LoRARequest`` for a sequence's adapter (None for the base model): its name, an id unique to the
-    registration (a re-registered name is a new adapter to vLLM's cache), and its folder."""
-    if adapter is None:
-        return None
-    from vllm.lora.request import LoRARequest
-
-    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.uid, lora_path=adapter.spec.src)

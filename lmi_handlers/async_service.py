@@ -24,7 +24,6 @@ from . import djl
 from .encoding import dumps
 from .errors import Cancelled, HandlerError, InvalidRequest, status_of
 from .events import ErrorEvent, Event
-from .handler import configuration
 from .job import Job
 from .pooling.batch import answer_batch
 from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES
@@ -75,7 +74,7 @@ class AsyncService:
         error ``Output`` that fails the load."""
         try:
             if not self.handler.initialized:
-                self.handler.initialize(configuration(inputs), awaited=True)
+                self.handler.initialize(djl.configuration(inputs), awaited=True)
             backend = self.handler.backend
             if self.handler.pooler is not None:  # an embedding model: no step loop, requests pool on a thread
                 self.engine = self.handler.pooler

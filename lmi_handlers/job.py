@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from .adapters import Adapters, requested_adapters
 from .backends.base import Backend
-from .config import HandlerConfig
+from .deployment import Deployment
 from .encoding import Encoder, choose_format, dumps, error_object
 from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
@@ -89,11 +89,12 @@ class Job:
         return dumps(error_object(self.error.code, self.error.message))
 
 
-def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
+def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed: Any = None,
                 adapters: Adapters | None = None, reasoning: Reasoning | None = None) -> Job:
-    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
-    for an adapter ``adapters`` does not hold). ``reasoning``: the model's reasoning convention, read apart in chat
-    answers."""
+    """Parse, validate and tokenize one request item with the deployment's settings; raises ``InvalidRequest`` for
+    bad input (``AdapterNotFound`` for an adapter ``adapters`` does not hold). ``reasoning``: the model's reasoning
+    convention, read apart in chat answers."""
+    config = deployment.config
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
@@ -110,7 +111,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     accept = item.get_property("Accept")
     seqs, encoders, choices = [], [], []
     for request, adapter in zip(payload.requests, chosen):
-        request = _structured(request, config, backend)
+        request = _structured(request, deployment.tools, backend)
         _check_supported(request, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
         if reasoning is not None and request.schema is Schema.CHAT:
@@ -137,7 +138,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     return Job(payload, seqs, encoders, choices)
 
 
-def _structured(request: GenerationRequest, config: HandlerConfig, backend: Backend) -> GenerationRequest:
+def _structured(request: GenerationRequest, options: tool_calling.ToolOptions, backend: Backend) -> GenerationRequest:
     """``request`` with the server's tool-call parser; a 400 for a constraint this backend cannot enforce."""
     if request.constraint is not None and not getattr(backend, "structured_output", False):
         field = request.constraint.field
@@ -146,8 +147,7 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
     if request.tools is None:
         return request
     # A backend with tool-call parsers of its own (vllm: vLLM's) reads an ``auto`` answer with them.
-    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties),
-                                 getattr(backend, "tool_call_parser", tool_calling.parser))
+    tools = tool_calling.resolve(request.tools, options, getattr(backend, "tool_call_parser", tool_calling.parser))
     return dataclasses.replace(request, tools=tools)
 
 

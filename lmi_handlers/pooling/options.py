@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import ConfigError, parse_bool, parse_choice
+from ..errors import ConfigError
+from ..values import parse_bool, parse_choice
 
 #: The options this package reads (``option.<key>``).
 KEYS = ("task", "normalize")

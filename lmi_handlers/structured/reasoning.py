@@ -25,7 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import ConfigError, parse_choice
+from ..errors import ConfigError
+from ..values import parse_choice
 
 #: The conventions, by vLLM's parser names: (start tag, end tag, an answer starts inside the reasoning).
 PARSERS = {"deepseek_r1": ("<think>", "</think>", True), "qwen3": ("<think>", "</think>", False)}

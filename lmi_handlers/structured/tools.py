@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..config import ConfigError, parse_bool, parse_choice
-from ..errors import InvalidRequest, invalid_field
+from ..errors import ConfigError, InvalidRequest, invalid_field
+from ..values import parse_bool, parse_choice
 from .constraint import Constraint, checked
 
 PARSERS = ("hermes", "llama3_json")

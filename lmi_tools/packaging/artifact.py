@@ -28,7 +28,7 @@ from lmi_handlers.config import ConfigError
 from ..errors import UsageError
 from ..modeldir.properties import init_properties, parse_directives, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
-from ..modeldir.handler_config import CONTAINER_MODEL_DIR, handler_config, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options, settings
 from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
@@ -198,8 +198,9 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
     if not entry.ok:
         report.problems.append(f"entry point: {entry.detail}" + (f" ({entry.hint})" if entry.hint else ""))
     try:
-        config = handler_config(props, CONTAINER_MODEL_DIR)
-        backend = config.backend if family is None else for_instance(config.backend, family).name
+        read = settings(props, CONTAINER_MODEL_DIR)
+        config = read.config
+        backend = read.requested if family is None else for_instance(read.requested, family).name
         unknown = ignored_options(props, backend)
     except ConfigError as exc:
         if entry.own_handle:  # the model's own handle() reads its properties; lmi_handlers' rules do not apply

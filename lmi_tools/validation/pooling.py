@@ -7,26 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 from lmi_handlers.config import ConfigError
-from lmi_handlers.pooling import pooling_task
 from lmi_handlers.pooling.options import PoolingOptions
 
 from .findings import Finding, Target
 
 
 def is_embedding(target: Target) -> bool:
-    try:
-        return pooling_task(target.props)
-    except ConfigError:
-        return False  # pooling_findings reports it
+    """Whether the resolver's settings embed (``option.task``; a task it refuses is the properties check's error)."""
+    return target.choice is not None and target.choice.embedding
 
 
 def pooling_findings(target: Target) -> list[Finding] | None:
     """The embedding model's findings; None for a model that generates."""
-    try:
-        if not pooling_task(target.props):
-            return None
-    except ConfigError as exc:
-        return [Finding("error", "task", str(exc), "use text-generation, text-embedding or feature-extraction")]
+    if not is_embedding(target):
+        return None
     assert target.config is not None
     findings = []
     if target.config.rolling:

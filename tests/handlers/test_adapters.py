@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from lmi_handlers.adapters import (Adapter, Adapters, AdapterSpec, LoraOptions, read_adapter, requested_adapters,
-                                   vllm_engine_args, vllm_lora_request)
+from lmi_handlers.adapters import Adapter, Adapters, AdapterSpec, LoraOptions, read_adapter, requested_adapters
+from lmi_handlers.backends.vllm.adapters import vllm_engine_args, vllm_lora_request
 from lmi_handlers.errors import AdapterNotFound, ConfigError, InvalidRequest
 from lmi_handlers.protocol import Input, PairList
 

@@ -14,13 +14,11 @@ import logging
 from typing import Any, Sequence
 
 from ...config import HandlerConfig
-from ...pooling import KEYS as POOLING_KEYS
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
 from .backend import _version, resolve_device, torch_dtype
 from .cpu.kernels import default_threads
-from .options import KEYS
-from .tokenizer import HFTokenizer
+from ..tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
 #: Padded tokens in one forward: bounds the activations' memory whatever the batch.
@@ -29,7 +27,6 @@ BATCH_TOKENS = 16384
 
 class HFPooler:
     name = "hf"
-    option_keys = KEYS | frozenset(POOLING_KEYS)
 
     def __init__(self, config: HandlerConfig):
         import torch

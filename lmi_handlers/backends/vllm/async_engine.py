@@ -3,7 +3,7 @@
 Each sequence is one ``generate`` call on an engine client (vLLM's ``AsyncLLM``, or any object with its
 ``generate(prompt, sampling_params, request_id, lora_request=...)``, such as the engine client of a running vLLM
 server), run as a task of the event loop; vLLM batches whatever is in flight. Every token still goes through the
-sequence's ``SequenceState`` (``engine.append_output``), so stop sequences, events and bytes are the same as on the
+sequence's ``SequenceState`` (``sampling.append_output``), so stop sequences, events and bytes are the same as on the
 step loop of DJL's sync mode. Cancelling a sequence cancels its task, and leaving ``generate`` aborts the request in
 vLLM (so does a stop sequence our side sees first).
 
@@ -19,13 +19,13 @@ import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
-from ...adapters import vllm_lora_request
 from ...errors import EngineStopped
 from ...events import Event
 from ...sequence import SequenceState
-from ...structured.vllm import structured_outputs_params
-from .engine import EngineWatch, append_output, check_request, engine_dead, request_error
-from .sampling import vllm_request
+from .adapters import vllm_lora_request
+from .sampling import append_output, check_request, vllm_request
+from .structured import structured_outputs_params
+from .watch import EngineWatch, engine_dead, request_error
 
 logger = logging.getLogger(__name__)
 

@@ -9,11 +9,13 @@ from __future__ import annotations
 import itertools
 from typing import Sequence
 
+from ...adapters import LoraOptions
 from ...config import HandlerConfig
-from ...pooling import KEYS as POOLING_KEYS
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
+from ...structured.tools import ToolOptions
 from .engine import VllmBackend
+from .options import Options
 
 _batches = itertools.count()
 
@@ -21,9 +23,8 @@ _batches = itertools.count()
 class VllmPooler(VllmBackend):
     engine_overrides = {"runner": "pooling"}
 
-    def __init__(self, config: HandlerConfig):
-        super().__init__(config)
-        self.option_keys = self.option_keys | frozenset(POOLING_KEYS)
+    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions):
+        super().__init__(config, options, tools, lora)
         architectures = getattr(self.model_config.hf_config, "architectures", None) or []
         self.pooling = PoolingOptions.from_model(config.model_id, config.properties,
                                                  decoder=any(a.endswith("ForCausalLM") for a in architectures))
