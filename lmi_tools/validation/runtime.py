@@ -14,6 +14,7 @@ from typing import Any
 from lmi_handlers.backends.base import DeviceMemory
 from lmi_handlers.backends.registry import BACKENDS, Entry
 from lmi_handlers.config import HandlerConfig
+from lmi_handlers.default_dtype import cpu_flags
 
 from ..instances import GIB, Instance
 from .findings import Target
@@ -25,9 +26,12 @@ UNBOUNDED = 1 << 62
 
 def instance_memory(config: HandlerConfig, instance: Instance) -> DeviceMemory:
     """The device a worker on ``instance`` runs on, as the handler resolves ``option.device``: one of the GPUs
-    where it has them, else the host CPU (NeuronCores' memory is the neuronx compiler's, not a plan's)."""
+    where it has them, else the host CPU, which is this machine's (its flags: what ``dtype=auto`` follows there);
+    NeuronCores' memory is the neuronx compiler's, not a plan's."""
     device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
-    return DeviceMemory("cuda", instance.memory_per_core_gib * GIB) if device == "cuda" else DeviceMemory("cpu")
+    if device == "cuda":
+        return DeviceMemory("cuda", instance.memory_per_core_gib * GIB)
+    return DeviceMemory("cpu", cpu_flags=cpu_flags())
 
 
 def plan_at(target: Target, tp: int) -> Any:

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...config import ConfigError, HandlerConfig
+from ...default_dtype import cpu_flags
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
@@ -64,15 +65,17 @@ def resolve_device(torch: Any, device: str) -> str:
     return device
 
 
-def torch_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: Any) -> Any:
-    """The torch dtype ``plan.resolve_dtype`` names (it reads the stored dtype only for ``auto`` off the CPU)."""
+def torch_dtype(torch: Any, dtype: str, device: str, flags: frozenset[str], model_dir: str, **source: Any) -> Any:
+    """The torch dtype ``plan.resolve_dtype`` names (it reads the stored dtype only for ``auto`` off the CPU); the
+    choice and its reason are logged."""
     stored: dict[str, Any] = {}
     if dtype == "auto" and device != "cpu":
         from transformers import AutoConfig
 
         stored = AutoConfig.from_pretrained(model_dir, **source).to_dict()
-    name = resolve_dtype(dtype, device, stored)
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    chosen = resolve_dtype(dtype, device, stored, flags)
+    logger.info("dtype: %s (%s%s)", chosen.dtype, "auto: " if dtype == "auto" else "", chosen.reason)
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[chosen.dtype]
 
 
 def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:
@@ -105,6 +108,7 @@ class HFBackend:
 
         hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
+        self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
         self.threads = default_threads() if device == "cpu" else None  # torch's threads per step, where lmi sets them
         if device == "cpu":
@@ -118,15 +122,17 @@ class HFBackend:
                             "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
         options = HfOptions.from_properties(config.properties)
         source = gguf_source(config, options.gguf_file)
-        dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
+        dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
         kernels = options.kernels
-        check_target(kernels, device, config.dtype)
+        name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+        check_target(kernels, device, name)
+        cpu_dtype = name if device == "cpu" else None
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
-        chosen = choose(torch, kernels, float32_cpu=device == "cpu" and dtype == torch.float32,
-                        quantized=options.quantize is not None)
+        chosen = choose(torch, kernels, cpu_dtype=cpu_dtype, quantized=options.quantize is not None)
+        self.cpu_kernels = chosen
         self.decode_kernel = chosen.attention_kernel
         speculative = options.speculative
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
@@ -228,7 +234,7 @@ class HFBackend:
 
     def _plan(self, config: HandlerConfig, options: HfOptions) -> HfPlan:
         """The load plan (``plan.py``) over the loaded model's config and, on CUDA, the memory its weights left."""
-        torch, memory = self.torch, DeviceMemory("cpu")
+        torch, memory = self.torch, DeviceMemory("cpu", cpu_flags=self.cpu_flags)
         if self.device.type == "cuda":
             memory = DeviceMemory("cuda", torch.cuda.get_device_properties(self.device).total_memory,
                                   torch.cuda.memory_allocated(self.device))
@@ -512,7 +518,8 @@ class PagedRunner:
         if rows < len(chunks):
             ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
-        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend)
+        lengths = tuple(min(c.start, self.max_position) + 1 for c in chunks[:rows])
+        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend, lengths)
         return cat(ids)[None], cat(positions)[None], cat(write), self._ints(keep), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:

@@ -18,7 +18,7 @@ from packaging.version import Version
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input
 
-from ..test_hf_backend import STOCK_KERNELS
+from ..test_hf_backend import STOCK_FP32
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -44,7 +44,7 @@ def reference(smollm2_dir):
 def handler(smollm2_dir, tmp_path_factory):
     handler = Handler()
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path_factory.mktemp("model")),
-             "rolling_batch": "scheduler", "max_rolling_batch_size": "8", **STOCK_KERNELS}
+             "rolling_batch": "scheduler", "max_rolling_batch_size": "8", **STOCK_FP32}
     assert handler.handle(init_input(props)) is None
     return handler
 
