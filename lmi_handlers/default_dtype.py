@@ -79,7 +79,7 @@ def vllm_auto_dtype(device: str, stored: str | None) -> DtypeChoice:
     """vLLM's ``auto`` on ``device`` for a checkpoint stored as ``stored`` (module docstring)."""
     if stored in ("fp16", "bf16"):
         return DtypeChoice(stored, f"vLLM keeps the checkpoint's {stored} on {device}")
-    return DtypeChoice("bf16", f"vLLM casts a {stored or 'float32'} checkpoint to its {device} platform's first "
+    return DtypeChoice("bf16", f"vLLM casts the {stored or 'float32'} checkpoint to its {device} platform's first "
                        "type, bfloat16")
 
 

@@ -150,6 +150,26 @@ def test_auto_is_the_stock_path_off_float32_and_bfloat16_without_building_anythi
     assert choose(torch, CpuKernels(attention="torch"), cpu_dtype="fp32", quantized=True).linear == "stock"
 
 
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the compiled kernel is no candidate")
+def test_auto_in_bfloat16_measures_the_linear_kernels_that_run_here_and_takes_the_fastest(monkeypatch, fresh_choice):
+    import torch
+
+    from lmi_handlers.backends.hf.cpu import kernels
+    from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel
+
+    candidates = {"stock", *(["compiled"] if build_kernel(torch).bfloat16 else []),
+                  *(["onednn"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])}
+    chosen = kernels.choose(torch, kernels.CpuKernels(), cpu_dtype="bf16", quantized=False)  # measured here
+    [reason] = [r for r in chosen.reasons if r.startswith("linear ")]
+    assert reason.startswith(f"linear {chosen.linear}: the fastest bfloat16 product here, ms at 1/16/64 rows: ")
+    assert {part.split()[0] for part in reason.split(": ")[-1].split("; ")} == candidates
+    for winner in candidates:
+        monkeypatch.setattr(kernels, "fastest_linear", lambda torch, kernel, names: {
+            name: [1.0 if name == winner else 2.0] * 3 for name in ("stock", *names)})
+        chosen = kernels.choose(torch, kernels.CpuKernels(attention="torch"), cpu_dtype="bf16", quantized=False)
+        assert chosen.linear == winner and (chosen.linear_kernel is not None) == (winner == "compiled")
+
+
 def test_the_options_default_to_auto_and_take_it_by_name():
     from lmi_handlers.backends.hf.cpu.kernels import CpuKernels, parse_kernels
 

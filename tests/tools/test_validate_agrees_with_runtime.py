@@ -23,6 +23,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from lmi_handlers.backends.base import DeviceMemory
+from lmi_handlers.default_dtype import cpu_flags
 from lmi_handlers.backends.registry import for_instance
 from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
 from lmi_tools.instances import GIB, INSTANCES, Instance
@@ -80,7 +81,7 @@ def loaded_memory(config: HandlerConfig, options, backend, model: dict, instance
     degree's GPUs."""
     device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
     if device != "cuda":
-        return DeviceMemory("cpu")
+        return DeviceMemory("cpu", cpu_flags=cpu_flags())  # what the backend passes: this machine's CPU
     total = instance.memory_per_core_gib * GIB
     dtype_plan = backend.plan(config, options, model, DeviceMemory("cuda", 1 << 62))
     tp = config.tensor_parallel_degree or instance.cores

@@ -98,7 +98,7 @@ def load_check(torch: Any, kernel: Any, dtype: Any = None) -> str | None:
 def relative_error(torch: Any, got: Any, x: Any, layer: Any) -> Any:
     """How far ``got`` lies from ``layer(x)`` computed in float64, over the sum of the products' magnitudes, less the
     rounding of a result to ``got``'s dtype (half a unit in its last place: bfloat16 keeps 8 bits)."""
-    weight, bias = layer.weight.double(), layer.bias.double()
+    weight, bias = layer.weight.detach().double(), layer.bias.detach().double()
     want = x.double() @ weight.T + bias
     scale = x.double().abs() @ weight.abs().T + bias.abs()
     rounding = want.abs() * torch.finfo(got.dtype).eps / 2 if got.dtype != torch.float32 else 0

@@ -142,17 +142,7 @@ def _choose_linear(torch: Any, value: str, cpu_dtype: str | None, quantized: boo
         return "stock", None
     kernel = _built(torch, compiled_linear, reasons, cpu_dtype)
     if cpu_dtype == "bf16":
-        candidates = {"compiled": kernel} if kernel is not None else {}
-        if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
-            candidates["onednn"] = None
-        if not candidates:
-            return "stock", None
-        times = fastest_linear(torch, kernel, list(candidates))
-        best = fastest(times)
-        rows = "/".join(map(str, MEASURED_ROWS))
-        reasons.append(f"linear {best}: the fastest bfloat16 product here, ms at {rows} rows: "
-                       + "; ".join(f"{name} {'/'.join(f'{ms:.1f}' for ms in spent)}" for name, spent in times.items()))
-        return best, candidates.get(best)
+        return _measured_bf16_linear(torch, kernel, reasons)
     if kernel is not None:
         return "compiled", kernel
     if torch.backends.mkldnn.is_available():
@@ -160,6 +150,23 @@ def _choose_linear(torch: Any, value: str, cpu_dtype: str | None, quantized: boo
         return "onednn", None
     reasons.append("linear stock: this torch has no oneDNN")
     return "stock", None
+
+
+def _measured_bf16_linear(torch: Any, kernel: Any, reasons: list[str]) -> tuple[str, Any]:
+    """The fastest of the bfloat16 linear kernels that run here (``kernel``: the compiled one, None where it did not
+    build or pass its check), with the times in the reason."""
+    candidates = {"compiled": kernel} if kernel is not None else {}
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        candidates["onednn"] = None
+    if not candidates:
+        reasons.append("linear stock: neither the compiled kernel nor oneDNN multiplies bfloat16 here")
+        return "stock", None
+    times = fastest_linear(torch, kernel, list(candidates))
+    best = fastest(times)
+    reasons.append(f"linear {best}: the fastest bfloat16 product here, ms at {'/'.join(map(str, MEASURED_ROWS))} "
+                   "rows: " + "; ".join(f"{name} {'/'.join(f'{ms:.1f}' for ms in spent)}"
+                                        for name, spent in times.items()))
+    return best, candidates.get(best)
 
 
 def _choose_attention(torch: Any, value: str, cpu_dtype: str | None, reasons: list[str]) -> tuple[str, Any]:
