@@ -342,7 +342,7 @@ def table(model: Model, results: dict[str, Any]) -> str:
             continue
         for row in result["rows"]:
             mine, theirs = ours.get(row["concurrency"], {}).get("output_tokens_per_s"), row["output_tokens_per_s"]
-            ratio = f"{mine / theirs:.2f}x" if peer != "lmi" and mine and theirs else ""
+            ratio = f"{mine / theirs:.2f}x" if peer != "lmi" and "same_as" not in result and mine and theirs else ""
             per = row["tokens_per_request"]
             lines.append(f"| {peer} | {dtype} | {row['concurrency']} | {row['ok']}/{row['ok'] + row['errors']} | "
                          f"{theirs or 0:.1f} | {ms(row['ttft_p50'])} | {ms(row['itl_p50'])} | {ms(row['itl_p99'])} | "

@@ -9,10 +9,10 @@ hands this attention the whole pool; ``Packed`` says which pool slots each chunk
   the query dimension and two batched matmuls run against the slots as stored, which is cheaper than
   repeating each KV head for its query heads (transformers' SDPA path) for one query token; or, with
   ``option.cpu_attention_kernel=compiled``, one call of the kernel that reads the pool in place
-  (``decode_attention.py``). A 16-bit model on the CPU runs each one-token chunk through transformers' SDPA
-  function alone, over its own positions, as ``model.generate`` does: rounded to 8 bits, the batched products'
-  scores, and SDPA over positions padded to the longest row, move logits enough to change greedy tokens, and
-  SDPA on the CPU gives each row the same bits alone as with others only without padding;
+  (``decode_attention.py``). A 16-bit model on the CPU attends each one-token chunk alone, through transformers'
+  SDPA function over its own positions, as ``model.generate`` does, so that its greedy tokens are generate's: the
+  batched products round the scores to 8 bits, and SDPA over positions padded to the longest row sums in another
+  order, and either moves logits enough to change greedy tokens;
 - each longer chunk attends to its own slots with transformers' SDPA function under a causal mask.
 
 torch and transformers are imported when the attention is first registered.
