@@ -21,14 +21,13 @@ needs_native_bf16 = pytest.mark.skipif(not NATIVE_BF16, reason="this CPU has no 
                                        "amx_bf16): dtype=auto loads float32 here")
 
 
-def packed_step(handler):
+def needs_packed_step():
     """Skips where the packed step, whose bfloat16 decode attention equals generate's, cannot run."""
     from packaging.version import Version
 
     if Version(transformers.__version__) < Version("4.48"):
         pytest.skip("transformers < 4.48 runs no packed step: the padded step attends over positions padded to the "
                     "longest row, which SDPA sums in another order than generate's in bfloat16")
-    assert handler.backend.runner.name == "paged" and handler.backend.runner.packed
 
 
 def load_bf16(path):
@@ -66,8 +65,9 @@ def test_option_dtype_fp32_loads_float32_as_before(tiny_model_dir, tmp_path):
 
 def test_stock_kernels_in_bfloat16_give_generates_greedy_output_alone_and_in_a_busy_batch(tiny_model_dir, tmp_path,
                                                                                           generate_bf16):
+    needs_packed_step()
     handler = loaded(tiny_model_dir, tmp_path, dtype="bf16", rolling_batch="scheduler", max_rolling_batch_size=8)
-    packed_step(handler)
+    assert handler.backend.runner.name == "paged" and handler.backend.runner.packed
     rng = random.Random(21)
     alone = [run(handler, {0: [(prompt, 16)]})[0] for prompt in prompts(rng, 3, 3, 20)]
     busy = run(handler, {0: [(p, 16) for p in prompts(rng, 5, 2, 20)], 2: [(p, 10) for p in prompts(rng, 3, 30, 60)]})

@@ -24,7 +24,7 @@ from packaging.version import Version
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input
 
-from ..test_bfloat16 import NATIVE_BF16, load_bf16
+from ..test_bfloat16 import NATIVE_BF16, load_bf16, needs_packed_step
 from ..test_hf_backend import STOCK_FP32
 
 torch = pytest.importorskip("torch")
@@ -52,6 +52,7 @@ def dtype(request):
             pytest.skip("this CPU has no native bfloat16 (avx512_bf16 or amx_bf16): auto loads float32 here")
         if shutil.which("c++") is None:
             pytest.skip("no C++ compiler: the compiled linear kernel cannot be built")
+        needs_packed_step()
     return request.param
 
 
@@ -233,6 +234,7 @@ AGREEMENT = 0.5
 def test_in_bfloat16_the_default_kernels_mostly_give_generates_answers_and_the_stock_ones_all(smollm2_dir, tmp_path):
     if not NATIVE_BF16:
         pytest.skip("this CPU has no native bfloat16 (avx512_bf16 or amx_bf16): auto loads float32 here")
+    needs_packed_step()
     tokenizer, model = transformers.AutoTokenizer.from_pretrained(smollm2_dir), load_bf16(smollm2_dir)
     want = [generate((tokenizer, model), question) for question in AGREEMENT_QUESTIONS]
     answers = {}

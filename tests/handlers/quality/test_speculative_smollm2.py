@@ -24,6 +24,12 @@ QUOTE = ("Repeat the following text exactly, word for word: \"Speculative decodi
          "and arrives sooner.\"")
 
 
+@pytest.fixture(scope="module")
+def dtype():
+    """The float32 model for ``reference``: the handlers here load float32 on the stock kernels."""
+    return "fp32"
+
+
 @pytest.fixture(scope="module", params=["ngram", "int8-draft"])
 def speculating(request, smollm2_dir, tmp_path_factory):
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path_factory.mktemp("model")),
