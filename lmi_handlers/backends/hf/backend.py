@@ -133,6 +133,7 @@ class HFBackend:
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
         chosen = choose(torch, kernels, cpu_dtype=cpu_dtype, quantized=options.quantize is not None)
         self.cpu_kernels = chosen
+        self.torch_attention_named = kernels.attention == "torch"
         self.decode_kernel = chosen.attention_kernel
         speculative = options.speculative
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
@@ -345,6 +346,9 @@ class PagedRunner:
         self.torch = backend.torch
         self.packed = attention == PACKED_ATTENTION
         self.decode_kernel = backend.decode_kernel if self.packed else None
+        # The exact path (packed_attention's docstring): torch's attention named, a 16-bit model on the CPU.
+        self.decode_alone = backend.torch_attention_named and backend.device.type == "cpu" and \
+            next(backend.model.parameters()).element_size() == 2
         self.blocks = BlockManager(plan)
         self.block_size = plan.block_size
         self.cache = make_paged_cache(self.torch, plan.tokens)
@@ -518,8 +522,8 @@ class PagedRunner:
         if rows < len(chunks):
             ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
-        lengths = tuple(min(c.start, self.max_position) + 1 for c in chunks[:rows])
-        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend, lengths)
+        alone = tuple(min(c.start, self.max_position) + 1 for c in chunks[:rows]) if self.decode_alone else ()
+        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend, alone)
         return cat(ids)[None], cat(positions)[None], cat(write), self._ints(keep), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:
