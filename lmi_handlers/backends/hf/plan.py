@@ -2,9 +2,9 @@
 and the device's memory. The backend loads by it and ``lmi validate`` runs it, so both refuse the same settings
 with the same ``ConfigError`` and size the same KV pool.
 
-- dtype: ``option.dtype``, or for ``auto`` the rule of ``default_dtype.auto_dtype``: bfloat16 on a CPU with native
-  bfloat16 (``device_memory.cpu_flags``), float32 on other CPUs, and on CUDA the checkpoint's 16-bit type (float16
-  when it stores float32);
+- dtype: ``model_config.resolve_dtype``: ``option.dtype``, or for ``auto`` the rule of ``default_dtype.auto_dtype``:
+  bfloat16 on a CPU with native bfloat16 (``device_memory.cpu_flags``), float32 on other CPUs, and on CUDA the
+  checkpoint's 16-bit type (float16 when it stores float32);
 - sequence length: the model's positions, at most ``option.max_model_len``, and within a sliding window where the
   model has one (the paged cache's mask is a full causal one: staying within the window keeps them in agreement);
 - the KV pool: ``paged_cache.plan_pool`` over the bytes a token's keys and values take in that dtype;
@@ -20,14 +20,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...config import HandlerConfig
-from ...default_dtype import DtypeChoice, auto_dtype, option_or_auto
-from ...model_config import DEFAULT_POSITIONS, kv_shape, max_positions, stored_dtype
+from ...dtypes import BYTES as DTYPE_BYTES
+from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_dtype
 from ..base import DeviceMemory
 from .cpu.kernels import check_target
 from .options import HfOptions
 from .paged_cache import PoolPlan, plan_pool
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -75,12 +73,6 @@ def plan(config: HandlerConfig, options: HfOptions, model_config: Mapping[str, A
                   dtype_reason=chosen.reason)
 
 
-def resolve_dtype(dtype: str, device: str, model_config: Mapping[str, Any],
-                  cpu_flags: frozenset[str]) -> DtypeChoice:
-    """``option.dtype`` (fp32, fp16, bf16 or auto) on ``device``, as the weights will load, and why."""
-    return option_or_auto(dtype, auto_dtype(device, stored_dtype(model_config), cpu_flags))
-
-
 def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> int:
     length = max_positions(model_config) or DEFAULT_POSITIONS
     if config.max_model_len:
@@ -89,9 +81,3 @@ def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> i
     if isinstance(window, int) and not isinstance(window, bool) and 0 < window < length:
         length = window
     return length
-
-
-def kv_bytes_per_token(model_config: Mapping[str, Any], element_size: int) -> int:
-    """Bytes of keys and values one token takes across all layers."""
-    layers, kv_heads, head_dim = kv_shape(model_config)
-    return 2 * layers * kv_heads * head_dim * element_size
