@@ -9,6 +9,7 @@
     .venv/bin/python benchmarks/engine.py linear     # SmolLM2 decode step: stock linear layers, oneDNN, compiled
     .venv/bin/python benchmarks/engine.py kernels    # SmolLM2 engine steps under each choice of CPU kernels
     .venv/bin/python benchmarks/engine.py widths     # SmolLM2's layer products by row count: torch, oneDNN, compiled
+    .venv/bin/python benchmarks/engine.py dtypes     # SmolLM2 in bfloat16 against float32: decode steps, a prefill
     .venv/bin/python benchmarks/engine.py sampling   # token selection over a 49,152-token vocabulary, by kind of row
                                                      # (first in all: it compares glibc's malloc settings)
     .venv/bin/python benchmarks/engine.py all
@@ -423,6 +424,68 @@ def kernels(args: argparse.Namespace) -> None:
               + " | ".join(f"{first / ms:.2f}x" for ms in rest) + " |")
 
 
+def dtypes(args: argparse.Namespace) -> None:
+    """SmolLM2 in bfloat16 against float32, each with its ``auto`` CPU kernels (as ``lmi serve`` loads it), in one
+    process: ms per engine decode step at 1, 16 and 64 rows after 100-token prompts, and the TTFT of one 1,024-token
+    prompt; best of ``--trials`` interleaved runs. The ratio is float32's time over bfloat16's (above 1: bfloat16 is
+    faster)."""
+    from lmi_handlers.default_dtype import cpu_flags, cpu_model, native_bf16
+    from lmi_tools.models.smollm2 import convert_smollm2
+
+    path = convert_smollm2(say=lambda line: None)
+    handlers = {dtype: load(path, max_rolling_batch_size=64, max_model_len=2048, dtype=dtype, cpu_linear_kernel="auto",
+                            cpu_attention_kernel="auto") for dtype in ("fp32", "bf16")}
+    kernels = "; ".join(f"{dtype}: linear {h.backend.cpu_kernels.linear}, attention {h.backend.cpu_kernels.attention}"
+                        for dtype, h in handlers.items())
+    print(f"\nCPU: {cpu_model()}, native bfloat16: {', '.join(native_bf16(cpu_flags())) or 'none'}; "
+          f"torch threads {torch.get_num_threads()}; load average {os.getloadavg()[0]:.1f}; {kernels}")
+    print(f"SmolLM2-135M-Instruct, auto kernels, best of {args.trials} interleaved runs")
+    print("| work | float32 | bfloat16 | float32 / bfloat16 |\n|---|---|---|---|")
+    rng = torch.Generator().manual_seed(4)
+    for rows in (1, 16, 64):
+        prompts = [ids(rng, 100, 49_000) for _ in range(rows)]
+        best = {dtype: float("inf") for dtype in handlers}
+        for _ in range(args.trials):
+            for dtype, handler in handlers.items():
+                best[dtype] = min(best[dtype], decode_step(handler, prompts))
+        print(f"| decode step, {rows} rows | {best['fp32']:.1f} ms | {best['bf16']:.1f} ms | "
+              f"{best['fp32'] / best['bf16']:.2f}x |", flush=True)
+    prompt = ids(rng, 1024, 49_000)
+    best = {dtype: float("inf") for dtype in handlers}
+    for _ in range(args.trials):
+        for dtype, handler in handlers.items():
+            best[dtype] = min(best[dtype], first_token(handler, prompt))
+    print(f"| prefill, 1,024 tokens | {best['fp32']:.0f} ms | {best['bf16']:.0f} ms | "
+          f"{best['fp32'] / best['bf16']:.2f}x |")
+
+
+def decode_step(handler: Handler, prompts: list[list[int]], steps: int = 8) -> float:
+    """ms per engine step of ``prompts`` decoding together, after their prefill."""
+    seqs = [sequence(handler, prompt, steps + 1) for prompt in prompts]
+    for seq in seqs:
+        handler.engine.add(seq)
+    while not all(seq.generated for seq in seqs):
+        handler.engine.step()
+    began, done = time.perf_counter(), 0
+    while not handler.engine.idle:
+        handler.engine.step()
+        done += 1
+    return (time.perf_counter() - began) / done * 1000
+
+
+def first_token(handler: Handler, prompt: list[int]) -> float:
+    """ms from adding ``prompt`` to its first token, alone in the engine."""
+    seq = sequence(handler, prompt, 1)
+    began = time.perf_counter()
+    handler.engine.add(seq)
+    while not seq.generated:
+        handler.engine.step()
+    spent = time.perf_counter() - began
+    while not handler.engine.idle:
+        handler.engine.step()
+    return spent * 1000
+
+
 def sampling(args: argparse.Namespace) -> None:
     """``select_tokens`` over SmolLM2-sized logits (49,152 tokens): greedy rows, rows sampled at temperature 1
     (what an OpenAI request without sampling fields asks for: drawn in vocabulary order) and rows with a top-p,
@@ -500,7 +563,7 @@ python -m venv /tmp/vllm && /tmp/vllm/bin/pip install vllm
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     every = ("sampling", "capacity", "decode", "prefix", "chunked", "projection", "packed", "linear",
-             "kernels", "widths")
+             "kernels", "widths", "dtypes")
     parser.add_argument("what", choices=(*every, "peers", "all"))
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--steps", type=int, default=50)

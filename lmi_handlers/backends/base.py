@@ -84,11 +84,13 @@ ANY_FAMILY = "*"
 @dataclass(frozen=True)
 class DeviceMemory:
     """The device a model runs on: ``kind`` (``cpu``, ``cuda`` or ``neuron``), the bytes of one device (None: not
-    bounded by one, as on the CPU) and the bytes the weights already hold there."""
+    bounded by one, as on the CPU), the bytes the weights already hold there, and on the CPU its flags
+    (``default_dtype.cpu_flags``: ``dtype=auto`` follows them)."""
 
     kind: str
     total: int | None = None
     used: int = 0
+    cpu_flags: frozenset[str] = frozenset()
 
 
 def check_model_files(model_id: str) -> None:

@@ -241,7 +241,9 @@ def check_dtype(target: Target) -> list[Finding]:
     arch, dtype, props = target.arch, target.dtype, target.props
     assert arch is not None and target.config is not None
     stored = arch.checkpoint_dtype or "unknown"
-    detail = f"dtype {dtype}" + (" (auto)" if target.config.dtype == "auto" else "") + f", checkpoint {stored}"
+    why = f"auto: {target.dtype_reason}" if target.config.dtype == "auto" and target.dtype_reason else \
+        "auto" if target.config.dtype == "auto" else ""
+    detail = f"dtype {dtype} on the {target.backend} backend" + (f" ({why})" if why else "") + f", checkpoint {stored}"
     findings = []
     if target.int8:
         findings.append(Finding("ok", "dtype", f"{detail}; int8 weight storage (layers' matrices), KV cache {dtype}"))
@@ -254,7 +256,7 @@ def check_dtype(target: Target) -> list[Finding]:
     if dtype == "fp16" and stored == "bf16":
         findings.append(Finding("warning", "dtype", "the checkpoint is bfloat16; fp16 has a smaller range and "
                                 "can overflow in some layers", "prefer option.dtype=bf16"))
-    if dtype == "fp32":
+    if dtype == "fp32" and target.config.dtype != "auto":  # (auto takes fp32 only on a CPU without native bf16)
         findings.append(Finding("warning", "dtype", "fp32 doubles weight and KV memory and is slower",
                                 "use bf16 or fp16 unless the model needs fp32"))
     findings.extend(_neuron_accuracy(target))

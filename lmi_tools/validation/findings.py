@@ -48,8 +48,9 @@ class Target:
     plan: Any = None
     #: Why the runtime would refuse to load (its options' or its load plan's ``ConfigError``).
     refusal: ConfigError | None = None
-    #: The dtype the weights and KV cache will have (``auto`` resolved).
+    #: The dtype the weights and KV cache will have (``auto`` resolved), and why, as the backend's plan says.
     dtype: str = "fp16"
+    dtype_reason: str = ""
     int8: bool = False
     #: Sequences one copy holds at once: max_rolling_batch_size, or batch_size without rolling batch.
     batch: int = 1

@@ -186,6 +186,7 @@ def resolve_settings(target: Target) -> None:
     if plan is None:
         return
     target.dtype, target.int8, target.batch = plan.dtype, plan.int8, plan.batch_size
+    target.dtype_reason = getattr(plan, "dtype_reason", "")  # (neuronx's plan names its amp without a reason)
     target.positions, target.kv_tokens = plan.max_sequence_length, plan.kv_tokens
     target.positions_set = bool(target.props.get(entry.length_key, "").strip())
 

@@ -238,11 +238,11 @@ def _token_ids(outputs: list) -> list[int]:
 def test_hf_greedy_answers_equal_generate_with_16_in_flight(tiny_model_dir, tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
-    from .test_hf_backend import PROMPTS, STOCK_KERNELS
+    from .test_hf_backend import PROMPTS, STOCK_FP32
 
     module = module_of(Handler())
     props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "async_mode": "true",
-             "max_rolling_batch_size": "16", **STOCK_KERNELS}
+             "max_rolling_batch_size": "16", **STOCK_FP32}
     module.run(call("ours", module, init_input(props)))
     payloads = [{"inputs": PROMPTS[i % len(PROMPTS)], "parameters": {"max_new_tokens": 4 + i % 5, "details": True}}
                 for i in range(16)]
@@ -272,11 +272,11 @@ def test_neuronx_greedy_answers_equal_generate_in_flight_together(neuronx_standi
 
 
 def test_hf_adapters_register_between_steps_and_answer_as_in_sync_mode(tiny_model_dir, tmp_path, make_lora):
-    from .test_hf_backend import STOCK_KERNELS
+    from .test_hf_backend import STOCK_FP32
 
     adapter = make_lora(tiny_model_dir, tmp_path / "a1", ["q_proj", "v_proj"], 1)
     props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "enable_lora": "true",
-             "max_lora_rank": "8", **STOCK_KERNELS}
+             "max_lora_rank": "8", **STOCK_FP32}
     payloads = [{"inputs": "Hello world", "parameters": {"max_new_tokens": 6, "details": True}, **extra}
                 for extra in ({}, {"adapters": "a1"})]
     module = module_of(Handler())

@@ -28,7 +28,7 @@ def refusal(tiny_model_dir, tmp_path, monkeypatch, options):
 
 @pytest.mark.parametrize("options, words", [
     ({"cpu_linear_kernel": "mkl"}, ("cpu_linear_kernel", "mkl", "stock, onednn, compiled")),
-    ({"cpu_linear_kernel": "onednn", "dtype": "bf16"}, ("cpu_linear_kernel", "onednn", "float32")),
+    ({"cpu_linear_kernel": "onednn", "dtype": "fp16"}, ("cpu_linear_kernel", "onednn", "float32 or bfloat16")),
     ({"cpu_linear_kernel": "compiled", "dtype": "fp16"}, ("cpu_linear_kernel", "compiled", "float32")),
     ({"cpu_attention_kernel": "flash"}, ("cpu_attention_kernel", "flash", "torch, compiled")),
     ({"cpu_attention_kernel": "compiled", "dtype": "fp16"}, ("cpu_attention_kernel", "compiled", "float32"))])
@@ -74,7 +74,8 @@ def load(tiny_model_dir, tmp_path, **options):
     from lmi_tools.serving.worker.frontend import init_input
 
     handler = Handler()
-    assert handler.handle(init_input({"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **options})) is None
+    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "dtype": "fp32", **options}
+    assert handler.handle(init_input(props)) is None
     return handler
 
 
@@ -124,7 +125,7 @@ def test_under_auto_a_kernel_failing_its_load_check_is_not_used(tiny_model_dir, 
                                                                caplog):
     from lmi_handlers.backends.hf.cpu import decode_attention
 
-    monkeypatch.setattr(decode_attention, "load_check", lambda torch, kernel: "a row of 5 positions: error 1e-2")
+    monkeypatch.setattr(decode_attention, "load_check", lambda torch, kernel, dtype: "a row of 5 positions: error 1e-2")
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler: nothing builds to check")
     caplog.set_level("INFO", logger="lmi_handlers")
@@ -134,7 +135,7 @@ def test_under_auto_a_kernel_failing_its_load_check_is_not_used(tiny_model_dir, 
     assert "decode attention torch" in line and "load check failed (a row of 5 positions" in line
 
 
-def test_auto_is_the_stock_path_off_float32_without_building_anything(monkeypatch, fresh_choice):
+def test_auto_is_the_stock_path_off_float32_and_bfloat16_without_building_anything(monkeypatch, fresh_choice):
     import torch
     import torch.utils.cpp_extension
 
@@ -142,9 +143,31 @@ def test_auto_is_the_stock_path_off_float32_without_building_anything(monkeypatc
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda *a, **k: pytest.fail("built"))
     check_target(CpuKernels(), "cuda", "fp16")  # auto is never refused
-    chosen = choose(torch, CpuKernels(), float32_cpu=False, quantized=False)
-    assert (chosen.linear, chosen.attention) == ("stock", "torch") and "not float32 on the CPU" in chosen.reasons[0]
-    assert choose(torch, CpuKernels(attention="torch"), float32_cpu=True, quantized=True).linear == "stock"
+    for dtype in (None, "fp16"):  # (None: not on the CPU)
+        chosen = choose(torch, CpuKernels(), cpu_dtype=dtype, quantized=False)
+        assert (chosen.linear, chosen.attention) == ("stock", "torch")
+        assert "not float32 or bfloat16 on the CPU" in chosen.reasons[0]
+    assert choose(torch, CpuKernels(attention="torch"), cpu_dtype="fp32", quantized=True).linear == "stock"
+
+
+@pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler: the compiled kernel is no candidate")
+def test_auto_in_bfloat16_measures_the_linear_kernels_that_run_here_and_takes_the_fastest(monkeypatch, fresh_choice):
+    import torch
+
+    from lmi_handlers.backends.hf.cpu import kernels
+    from lmi_handlers.backends.hf.cpu.compiled_linear import build_kernel
+
+    candidates = {"stock", *(["compiled"] if build_kernel(torch).bfloat16 else []),
+                  *(["onednn"] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else [])}
+    chosen = kernels.choose(torch, kernels.CpuKernels(), cpu_dtype="bf16", quantized=False)  # measured here
+    [reason] = [r for r in chosen.reasons if r.startswith("linear ")]
+    assert reason.startswith(f"linear {chosen.linear}: the fastest bfloat16 product here, ms at 1/16/64 rows: ")
+    assert {part.split()[0] for part in reason.split(": ")[-1].split("; ")} == candidates
+    for winner in candidates:
+        monkeypatch.setattr(kernels, "fastest_linear", lambda torch, kernel, names: {
+            name: [1.0 if name == winner else 2.0] * 3 for name in ("stock", *names)})
+        chosen = kernels.choose(torch, kernels.CpuKernels(attention="torch"), cpu_dtype="bf16", quantized=False)
+        assert chosen.linear == winner and (chosen.linear_kernel is not None) == (winner == "compiled")
 
 
 def test_the_options_default_to_auto_and_take_it_by_name():
@@ -261,11 +284,11 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
     from torch.utils.cpp_extension import _get_build_directory
 
     from lmi_handlers.backends.hf.cpu import decode_attention
-    from lmi_handlers.backends.hf.cpu.common import environment_key
+    from lmi_handlers.backends.hf.cpu.common import build_target, environment_key
 
     decode_attention.build_kernel(torch)  # built (or found built) first, so the second load only checks and imports
-    capability = torch.backends.cpu.get_cpu_capability().lower()
-    folder = Path(_get_build_directory(f"lmi_decode_attention_{capability}_{environment_key(torch)}", False))
+    target, _ = build_target(torch)
+    folder = Path(_get_build_directory(f"lmi_decode_attention_{target}_{environment_key(torch)}", False))
     (folder / "lock").touch()
     script = "import torch; from lmi_handlers.backends.hf.cpu import decode_attention; " \
              "print(decode_attention.build_kernel(torch).__name__)"

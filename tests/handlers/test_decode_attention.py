@@ -1,7 +1,7 @@
 """The compiled decode attention (``option.cpu_attention_kernel=compiled``): the kernel against attention computed
-in float64 on ragged reads through block tables, and the engine with it: greedy output equal to
-``model.generate`` alone, in a busy batch with chunked prompts in the same packed step, under preemption, and with
-garbage in every slot a row must not read."""
+in float64 on ragged reads through block tables of a float32 or bfloat16 pool, and the engine with it: greedy output
+equal to ``model.generate`` alone, in a busy batch with chunked prompts in the same packed step, under preemption,
+and with garbage in every slot a row must not read."""
 
 import random
 import shutil
@@ -34,9 +34,10 @@ def attention_in_float64(query, keys, values, tables, lengths, block_size, scale
     return torch.stack(out)
 
 
+@pytest.mark.parametrize("pool", ["float32", "bfloat16"])
 @pytest.mark.parametrize("heads, groups, dim, block_size", [(4, 2, 16, 4), (9, 3, 64, 16), (8, 8, 24, 16),
                                                             (6, 1, 40, 8), (10, 1, 16, 4)])
-def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, heads, groups, dim, block_size):
+def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, heads, groups, dim, block_size, pool):
     # dims of 24 and 40 leave a partial vector; lengths end inside, at and just past a block's end; 10 query heads
     # to a KV head are more than the kernel takes at once.
     generator = torch.Generator().manual_seed(heads * dim)
@@ -55,6 +56,7 @@ def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, he
             values[:, slot] = torch.randn(groups, dim, generator=generator)
     # The model hands attention a transposed view: [rows, heads, dim] with the rows' stride the larger.
     query = torch.randn(heads, len(lengths), dim, generator=generator).transpose(0, 1)
+    keys, values = keys.to(getattr(torch, pool)), values.to(getattr(torch, pool))  # (a bfloat16 pool: exact inputs)
     got = kernel(query, keys, values, tables, lengths, block_size, dim ** -0.5)
     want = attention_in_float64(query, keys, values, tables, lengths, block_size, dim ** -0.5)
     assert got.shape == (len(lengths), heads, dim)

@@ -10,7 +10,7 @@ import pytest
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import init_input, request_input
 
-from .test_hf_backend import STOCK_KERNELS
+from .test_hf_backend import STOCK_FP32
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -36,7 +36,7 @@ def gguf_dir(tmp_path_factory):
 
 def load(folder, name, **options):
     handler = Handler()
-    props = {"model_id": str(folder), "model_dir": str(folder), "gguf_file": name, **STOCK_KERNELS, **options}
+    props = {"model_id": str(folder), "model_dir": str(folder), "gguf_file": name, **STOCK_FP32, **options}
     assert handler.handle(init_input(props)) is None
     return handler
 

@@ -36,14 +36,15 @@ def expected_ids(reference, prompt_ids, max_new_tokens, **kwargs):
     return out[0, len(prompt_ids):].tolist()
 
 
-# The stock CPU path, which exactness against the stock model's ``generate`` needs (the default, auto, may take
-# kernels that sum in another order); a test of a kernel names it over this.
-STOCK_KERNELS = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
+# The stock CPU path in float32, which exactness against the stock float32 model's ``generate`` needs (the default,
+# auto, may take kernels that sum in another order, and on a CPU with native bfloat16 loads bfloat16); a test of a
+# kernel or a dtype names it over this.
+STOCK_FP32 = {"dtype": "fp32", "cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
 
 
 def loaded(tiny_model_dir, tmp_path, **options):
     handler = Handler()
-    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **STOCK_KERNELS,
+    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), **STOCK_FP32,
              **{k: str(v) for k, v in options.items()}}
     assert handler.handle(init_input(props)) is None
     return handler
@@ -234,7 +235,7 @@ def test_a_model_directory_answers_every_call_djl_sends(tiny_model_dir, tmp_path
     model_dir.mkdir()
     (model_dir / "serving.properties").write_text(
         f"engine=Python\noption.entryPoint=lmi_handlers.entrypoint\noption.model_id={tiny_model_dir}\n"
-        + "".join(f"option.{key}={value}\n" for key, value in STOCK_KERNELS.items()))
+        + "".join(f"option.{key}={value}\n" for key, value in STOCK_FP32.items()))
     handler = Handler()
     options = {**read_serving_properties(model_dir), "model_dir": str(model_dir)}
     assert handler.handle(init_input(options)) is None

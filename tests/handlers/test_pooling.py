@@ -92,7 +92,8 @@ def test_a_decoder_pools_its_last_token_as_transformers_computes_it(tiny_model_d
     import torch
     from transformers import AutoModel, AutoTokenizer
 
-    handler = loaded(tiny_model_dir)
+    # float32 on both sides: `auto` is bf16 on a CPU with avx512_bf16, and the reference loads float32.
+    handler = loaded(tiny_model_dir, dtype="fp32")
     tokenizer, model = AutoTokenizer.from_pretrained(tiny_model_dir), AutoModel.from_pretrained(tiny_model_dir)
     [(code, vectors)] = answers(handler, {"inputs": TEXTS[:3]})
     assert code == 200

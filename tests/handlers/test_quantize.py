@@ -11,7 +11,7 @@ from lmi_handlers.errors import ConfigError
 from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import RollingBatchLoop, RollingRequest, init_input, request_input
 
-from .test_hf_backend import STOCK_KERNELS
+from .test_hf_backend import STOCK_FP32
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -34,7 +34,7 @@ def quantized_reference(tiny_model_dir):
 def handler(tiny_model_dir, tmp_path_factory):
     handler = Handler()
     props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path_factory.mktemp("q")), "quantize": "static_int8",
-             "rolling_batch": "scheduler", "max_rolling_batch_size": "4", **STOCK_KERNELS}
+             "rolling_batch": "scheduler", "max_rolling_batch_size": "4", **STOCK_FP32}
     assert handler.handle(init_input(props)) is None
     return handler
 

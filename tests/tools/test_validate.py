@@ -487,3 +487,34 @@ def test_djls_batching_beside_async_mode_is_an_error(tmp_path):
     report = validate_model_dir(make_dir(tmp_path, props, "ml.g5.12xlarge", LLAMA_2_7B))
     [error] = report.errors
     assert error.check == "mode" and "option.rolling_batch='scheduler'" in error.message
+
+
+SMOLLM2_SHAPE = {"model_type": "llama", "architectures": ["LlamaForCausalLM"], "num_hidden_layers": 30,
+                 "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576, "intermediate_size": 1536,
+                 "max_position_embeddings": 8192, "vocab_size": 49152, "torch_dtype": "float32"}
+
+
+@pytest.mark.parametrize("backend, props, flags, said", [
+    ("hf", {"option.device": "cpu"}, {"avx512f", "avx512_bf16"},
+     "dtype bf16 on the hf backend (auto: this CPU computes bfloat16 natively (avx512_bf16)), checkpoint fp32"),
+    ("hf", {"option.device": "cpu"}, {"avx2"},
+     "dtype fp32 on the hf backend (auto: this CPU has no native bfloat16 (avx512_bf16 or amx_bf16)), "
+     "checkpoint fp32"),
+    ("hf", {"option.device": "cpu", "option.dtype": "fp32"}, {"avx512_bf16"},
+     "dtype fp32 on the hf backend, checkpoint fp32"),
+    ("hf", {}, {"avx512_bf16"},
+     "dtype fp16 on the hf backend (auto: float16 on cuda: the checkpoint stores fp32), checkpoint fp32"),
+    ("vllm", {}, {"avx2"}, "dtype bf16 on the vllm backend (auto: vLLM casts the fp32 checkpoint to its cuda platform's "
+                           "first type, bfloat16), checkpoint fp32")])
+def test_the_dtype_each_backend_loads_is_reported_with_its_reason(tmp_path, monkeypatch, backend, props, flags, said):
+    # A CPU target loads what this machine's CPU computes natively (validate runs where lmi serve would); a GPU
+    # instance's, the checkpoint's type by our rule or vLLM's.
+    from lmi_handlers import deployment
+
+    monkeypatch.setattr(deployment, "cpu_flags", lambda: frozenset(flags))
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.backend": backend,
+             "option.rolling_batch": "vllm" if backend == "vllm" else "auto", **props}
+    report = validate_model_dir(make_dir(tmp_path, props, "g5.xlarge", SMOLLM2_SHAPE))
+    assert said in [f.message for f in by_check(report, "dtype")], by_check(report, "dtype")
+    fp32_warned = any(f.level == "warning" and "fp32 doubles" in f.message for f in by_check(report, "dtype"))
+    assert fp32_warned == (props.get("option.dtype") == "fp32")  # auto's float32 on a CPU without bf16 is no warning

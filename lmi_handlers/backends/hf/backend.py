@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...config import ConfigError, HandlerConfig
+from ...default_dtype import cpu_flags
 from ...dtypes import LONG
 from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
@@ -67,14 +68,17 @@ def resolve_device(torch: Any, device: str) -> str:
     return device
 
 
-def torch_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: Any) -> Any:
-    """The torch dtype ``plan.resolve_dtype`` names (it reads the stored dtype only for ``auto`` off the CPU)."""
+def torch_dtype(torch: Any, dtype: str, device: str, flags: frozenset[str], model_dir: str, **source: Any) -> Any:
+    """The torch dtype ``model_config.resolve_dtype`` names (it reads the stored dtype only for ``auto`` off the
+    CPU); the choice and its reason are logged."""
     stored: dict[str, Any] = {}
     if dtype == "auto" and device != "cpu":
         from transformers import AutoConfig
 
         stored = AutoConfig.from_pretrained(model_dir, **source).to_dict()
-    return getattr(torch, LONG[resolve_dtype(dtype, device, stored)])
+    chosen = resolve_dtype(dtype, device, stored, flags)
+    logger.info("dtype: %s (%s%s)", chosen.dtype, "auto: " if dtype == "auto" else "", chosen.reason)
+    return getattr(torch, LONG[chosen.dtype])
 
 
 def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:
@@ -108,6 +112,7 @@ class HFBackend:
 
         hf_logging.disable_progress_bar()  # a progress bar is noise in a server log
         self.torch = torch
+        self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
         self.threads = default_threads() if device == "cpu" else None  # torch's threads per step, where lmi sets them
         if device == "cpu":
@@ -120,15 +125,18 @@ class HFBackend:
                 logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
                             "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
         source = gguf_source(config, options.gguf_file)
-        dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
+        dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
         kernels = options.kernels
-        check_target(kernels, device, config.dtype)
+        name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+        check_target(kernels, device, name)
+        cpu_dtype = name if device == "cpu" else None
         # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
-        chosen = choose(torch, kernels, float32_cpu=device == "cpu" and dtype == torch.float32,
-                        quantized=options.quantize is not None)
+        chosen = choose(torch, kernels, cpu_dtype=cpu_dtype, quantized=options.quantize is not None)
+        self.cpu_kernels = chosen
+        self.torch_attention_named = kernels.attention == "torch"
         self.decode_kernel = chosen.attention_kernel
         speculative = options.speculative
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **common)
@@ -234,7 +242,7 @@ class HFBackend:
 
     def _plan(self, config: HandlerConfig, options: HfOptions) -> HfPlan:
         """The load plan (``plan.py``) over the loaded model's config and, on CUDA, the memory its weights left."""
-        torch, memory = self.torch, DeviceMemory("cpu")
+        torch, memory = self.torch, DeviceMemory("cpu", cpu_flags=self.cpu_flags)
         if self.device.type == "cuda":
             memory = DeviceMemory("cuda", torch.cuda.get_device_properties(self.device).total_memory,
                                   torch.cuda.memory_allocated(self.device))
@@ -345,6 +353,9 @@ class PagedRunner:
         self.torch = backend.torch
         self.packed = attention == PACKED_ATTENTION
         self.decode_kernel = backend.decode_kernel if self.packed else None
+        # The exact path (packed_attention's docstring): torch's attention named, a 16-bit model on the CPU.
+        self.decode_alone = backend.torch_attention_named and backend.device.type == "cpu" and \
+            next(backend.model.parameters()).element_size() == 2
         self.blocks = BlockManager(plan)
         self.block_size = plan.block_size
         self.cache = make_paged_cache(self.torch, plan.tokens)
@@ -518,7 +529,8 @@ class PagedRunner:
         if rows < len(chunks):
             ids.append(self._ints([t for c in chunks[rows:] for t in c.tokens]))
         cat = lambda parts: parts[0] if len(parts) == 1 else torch.cat(parts)  # noqa: E731
-        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend)
+        alone = tuple(min(c.start, self.max_position) + 1 for c in chunks[:rows]) if self.decode_alone else ()
+        packed = Packed(rows, decode_read, decode_mask, tuple(pieces), decode_attend, alone)
         return cat(ids)[None], cat(positions)[None], cat(write), self._ints(keep), packed
 
     def _chunk_inputs(self, chunks: Sequence[Chunk], width: int) -> tuple[Any, ...]:

@@ -9,7 +9,12 @@ hands this attention the whole pool; ``Packed`` says which pool slots each chunk
   the query dimension and two batched matmuls run against the slots as stored, which is cheaper than
   repeating each KV head for its query heads (transformers' SDPA path) for one query token; or, with
   ``option.cpu_attention_kernel=compiled``, one call of the kernel that reads the pool in place
-  (``decode_attention.py``);
+  (``decode_attention.py``). With ``option.cpu_attention_kernel=torch`` named (the exact path), a 16-bit model on
+  the CPU attends each one-token chunk alone, through transformers' SDPA function over its own positions, as
+  ``model.generate`` does, so that its greedy tokens are generate's: the batched products round the scores to 8
+  bits, and SDPA over positions padded to the longest row sums in another order, and either moves logits enough to
+  change greedy tokens. One call per row and layer is slower from a few rows on, so ``auto``, where the compiled
+  kernel cannot run, keeps the batched products;
 - each longer chunk attends to its own slots with transformers' SDPA function under a causal mask.
 
 torch and transformers are imported when the attention is first registered.
@@ -44,12 +49,16 @@ class Packed:
     decode_mask: Any
     chunks: tuple[tuple[int, int, Any, Any], ...]
     decode_attend: Any = None
+    #: Where the one-token chunks attend one by one (module docstring): how many positions each reads (its own and
+    #: those before); empty elsewhere.
+    decode_alone: tuple[int, ...] = ()
 
 
 def decode_groups(packed: Packed, pool: Any) -> list[tuple[int, int]]:
     """The decode rows as (first, last) groups of equal size whose gathered keys and values take at most about
-    ``DECODE_GATHER_BYTES`` on the CPU; one group elsewhere; none where ``decode_attend`` reads them."""
-    if not packed.decode or packed.decode_attend is not None:
+    ``DECODE_GATHER_BYTES`` on the CPU; one group elsewhere; none where ``decode_attend`` reads them or they attend
+    alone."""
+    if not packed.decode or packed.decode_attend is not None or packed.decode_alone:
         return []
     per_row = packed.decode_read.shape[1] * pool.shape[0] * pool.shape[2] * pool.element_size() * 2
     count = -(-packed.decode * per_row // DECODE_GATHER_BYTES) if pool.device.type == "cpu" else 1
@@ -90,6 +99,11 @@ def packed_attention(model: Any) -> str | None:
         if lmi_packed.decode_attend is not None:  # set only where decode rows lead the row
             rows = query[0, :, :lmi_packed.decode].transpose(0, 1)  # [rows, heads, head_dim]
             parts.append(lmi_packed.decode_attend(rows, key, value, scaling or head_dim ** -0.5))
+        for row, length in enumerate(lmi_packed.decode_alone):
+            slots = lmi_packed.decode_read[row, :length]
+            out, _ = sdpa_attention_forward(module, query[:, :, row:row + 1], key.index_select(1, slots)[None],
+                                            value.index_select(1, slots)[None], None, scaling=scaling)
+            parts.append(out[0])  # [1, heads, head_dim]
         for first, last in decode_groups(lmi_packed, key):
             rows, slots = last - first, lmi_packed.decode_read[first:last].flatten()
             grouped = query[0, :, first:last].view(groups, heads // groups, rows, head_dim).transpose(1, 2)

@@ -2,12 +2,13 @@
 and the device's memory. The backend loads by it and ``lmi validate`` runs it, so both refuse the same settings
 with the same ``ConfigError`` and size the same KV pool.
 
-- dtype: ``option.dtype``, or for ``auto`` float32 on the CPU and on CUDA the checkpoint's 16-bit type (float16
-  when it stores float32);
+- dtype: ``model_config.resolve_dtype``: ``option.dtype``, or for ``auto`` the rule of ``default_dtype.auto_dtype``:
+  bfloat16 on a CPU with native bfloat16 (``device_memory.cpu_flags``), float32 on other CPUs, and on CUDA the
+  checkpoint's 16-bit type (float16 when it stores float32);
 - sequence length: the model's positions, at most ``option.max_model_len``, and within a sliding window where the
   model has one (the paged cache's mask is a full causal one: staying within the window keeps them in agreement);
 - the KV pool: ``paged_cache.plan_pool`` over the bytes a token's keys and values take in that dtype;
-- refusals: CPU kernels off a float32 CPU model, a pool that cannot hold one full-length sequence.
+- refusals: CPU kernels off a float32 or bfloat16 CPU model, a pool that cannot hold one full-length sequence.
 
 Standard library only: ``model_config`` is ``config.json`` as a mapping (the runtime passes the loaded config's
 ``to_dict()``).
@@ -43,6 +44,8 @@ class HfPlan:
     #: Weights stored in int8 (``option.quantize``).
     int8: bool = False
     warnings: tuple[str, ...] = ()
+    #: Why ``dtype`` (``option.dtype``, or what ``auto`` followed).
+    dtype_reason: str = ""
 
     @property
     def kv_tokens(self) -> int:
@@ -56,8 +59,9 @@ def plan(config: HandlerConfig, options: HfOptions, model_config: Mapping[str, A
          device_memory: DeviceMemory) -> HfPlan:
     """The plan for ``device_memory.kind`` (cpu or cuda, resolved); raises ``ConfigError``."""
     device = device_memory.kind
-    check_target(options.kernels, device, config.dtype)
-    dtype = resolve_dtype(config.dtype, device, model_config)
+    chosen = resolve_dtype(config.dtype, device, model_config, device_memory.cpu_flags)
+    dtype = chosen.dtype
+    check_target(options.kernels, device, dtype)
     length = sequence_length(config, model_config)
     batch = max(config.max_rolling_batch_size, config.batch_size)
     per_token = kv_bytes_per_token(model_config, DTYPE_BYTES[dtype])
@@ -65,7 +69,8 @@ def plan(config: HandlerConfig, options: HfOptions, model_config: Mapping[str, A
     pool = plan_pool(options.pool, bytes_per_token=per_token, max_batch_size=batch, max_sequence_length=length,
                      cuda_memory=cuda)
     return HfPlan(device=device, dtype=dtype, max_sequence_length=length, batch_size=batch,
-                  kv_bytes_per_token=per_token, pool=pool, int8=options.quantize is not None)
+                  kv_bytes_per_token=per_token, pool=pool, int8=options.quantize is not None,
+                  dtype_reason=chosen.reason)
 
 
 def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> int:

@@ -14,6 +14,7 @@ import logging
 from typing import Any, Sequence
 
 from ...config import HandlerConfig
+from ...default_dtype import cpu_flags
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
 from .backend import _version, resolve_device, torch_dtype
@@ -45,7 +46,7 @@ class HFPooler:
             a.endswith("ForCausalLM") for a in getattr(hf_config, "architectures", None) or [])
         self.pooling = PoolingOptions.from_model(config.model_id, config.properties, decoder)
         tokenizer = AutoTokenizer.from_pretrained(config.model_id, **source)
-        dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
+        dtype = torch_dtype(torch, config.dtype, device, cpu_flags(), config.model_id, **source)
         import transformers
 
         keyword = "dtype" if _version(transformers) >= (4, 56) else "torch_dtype"

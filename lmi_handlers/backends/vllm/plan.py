@@ -7,7 +7,8 @@ model's ``config.json`` and one device's memory, refusing what vLLM would refuse
   off it and the rest holds the KV cache, of which each GPU keeps its share of the key/value heads. vLLM refuses to
   start when that cache cannot hold one full-length sequence.
 
-On the CPU and on NeuronCores the plan does not bound memory (vLLM's CPU build sizes its cache from
+The dtype is vLLM's own (``default_dtype.vllm_auto_dtype`` for ``auto``: bfloat16 for a float32 checkpoint, on the
+CPU too). On the CPU and on NeuronCores the plan does not bound memory (vLLM's CPU build sizes its cache from
 ``VLLM_CPU_KVCACHE_SPACE``; Neuron's is the compiler's).
 """
 
@@ -20,7 +21,7 @@ from ...config import HandlerConfig
 from ...errors import ConfigError
 from ..base import DeviceMemory
 from ...dtypes import BYTES as DTYPE_BYTES
-from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_dtype
+from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_vllm_dtype
 from .options import Options
 
 #: vLLM's default where the options leave it unset.
@@ -39,6 +40,8 @@ class VllmPlan:
     tensor_parallel_size: int = 1
     int8: bool = False
     warnings: tuple[str, ...] = ()
+    #: Why ``dtype`` (``option.dtype``, or vLLM's own ``auto``).
+    dtype_reason: str = ""
     #: Sequences take blocks from a shared pool as they grow.
     static_kv = False
 
@@ -52,12 +55,13 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
     if isinstance(heads, int) and heads % tp:
         raise ConfigError("tensor_parallel_degree", tp, f"vLLM splits the model's {heads} attention heads over the "
                           "GPUs, so the degree must divide them")
-    dtype = resolve_dtype(options.dtype, device_memory.kind, model_config)
+    chosen = resolve_vllm_dtype(options.dtype, device_memory.kind, model_config)
+    dtype = chosen.dtype
     length = options.max_model_len or max_positions(model_config) or DEFAULT_POSITIONS
     batch = options.max_num_seqs
     int8 = options.quantization in ("fp8", "int8", "bitsandbytes")
     if device_memory.kind != "cuda" or not device_memory.total:
-        return VllmPlan(dtype, length, batch, None, tp, int8)
+        return VllmPlan(dtype, length, batch, None, tp, int8, dtype_reason=chosen.reason)
     kv_heads = text.get("num_key_value_heads") or heads or 1
     per_token = kv_bytes_per_token(model_config, DTYPE_BYTES[dtype]) * max(1, kv_heads // tp) // kv_heads
     utilization = options.gpu_memory_utilization or DEFAULT_UTILIZATION
@@ -72,4 +76,4 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
                           "option.tensor_parallel_degree")
     warnings = () if tokens >= length * min(batch, 4) else (
         f"the KV cache holds {tokens} tokens: at most {tokens // length} full-length sequences at once",)
-    return VllmPlan(dtype, length, batch, tokens, tp, int8, warnings)
+    return VllmPlan(dtype, length, batch, tokens, tp, int8, warnings, chosen.reason)

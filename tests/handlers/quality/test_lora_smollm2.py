@@ -80,7 +80,7 @@ def handler(smollm2_dir, adapter_dirs, tmp_path_factory):
     handler = Handler()
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path_factory.mktemp("model")),
              "rolling_batch": "scheduler", "max_rolling_batch_size": "8", "enable_lora": "true",
-             "enable_prefix_caching": "true", "max_lora_rank": "16"}
+             "enable_prefix_caching": "true", "max_lora_rank": "16", "dtype": "fp32"}  # (the oracle's)
     assert handler.handle(init_input(props)) is None
     for name, src in adapter_dirs.items():
         assert manage(handler, "register", name, src)[0] == 200
@@ -202,7 +202,7 @@ def test_with_the_onednn_linear_kernel_adapter_rows_stay_equal_to_peft(smollm2_d
         pytest.skip("this torch has no oneDNN")
     handler = Handler()
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path), "rolling_batch": "scheduler",
-             "max_rolling_batch_size": "8", "enable_lora": "true", "cpu_linear_kernel": "onednn"}
+             "max_rolling_batch_size": "8", "enable_lora": "true", "cpu_linear_kernel": "onednn", "dtype": "fp32"}
     assert handler.handle(init_input(props)) is None
     for name, src in adapter_dirs.items():
         assert manage(handler, "register", name, src)[0] == 200

@@ -14,7 +14,7 @@ from lmi_handlers.handler import Handler
 from lmi_tools.serving.worker.frontend import init_input
 
 from ..test_speculative import always_speculate
-from ..test_hf_backend import STOCK_KERNELS
+from ..test_hf_backend import STOCK_FP32
 from .test_smollm2 import FACTS, chat, content, generate, reference, serve  # noqa: F401 - reference is a fixture
 
 pytestmark = pytest.mark.quality
@@ -24,10 +24,16 @@ QUOTE = ("Repeat the following text exactly, word for word: \"Speculative decodi
          "and arrives sooner.\"")
 
 
+@pytest.fixture(scope="module")
+def dtype():
+    """The float32 model for ``reference``: the handlers here load float32 on the stock kernels."""
+    return "fp32"
+
+
 @pytest.fixture(scope="module", params=["ngram", "int8-draft"])
 def speculating(request, smollm2_dir, tmp_path_factory):
     props = {"model_id": str(smollm2_dir), "model_dir": str(tmp_path_factory.mktemp("model")),
-             "rolling_batch": "scheduler", "max_rolling_batch_size": "8", **STOCK_KERNELS}
+             "rolling_batch": "scheduler", "max_rolling_batch_size": "8", **STOCK_FP32}
     if request.param == "ngram":
         props["speculative_draft_model"] = "[ngram]"
     else:

@@ -1,13 +1,13 @@
 """What the hf backend's CPU kernels share: the width from which torch's own product takes over, the rule that they
-take float32 on the CPU, and how the compiled ones are built.
+take float32 or bfloat16 on the CPU, and how the compiled ones are built.
 
 The compiled kernels are C++ beside their modules, built at load by ``torch.utils.cpp_extension`` with the
 machine's compiler and ninja (once; torch keeps the build under ``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``), with the vector flags of the CPU capability torch itself dispatches to: AVX-512,
-AVX2, or none (``ATEN_CPU_CAPABILITY=avx2`` or ``default`` picks a lower one, as the tests do to check each build).
-Each build's name carries its capability and a key of the Python environment and torch version, so two
-environments sharing the cache (the two test environments) keep their own builds instead of rebuilding over each
-other's.
+AVX2, or none (``ATEN_CPU_CAPABILITY=avx2`` or ``default`` picks a lower one, as the tests do to check each build),
+plus AVX-512 BF16 where the CPU has it (the compiled linear kernel's bfloat16 path needs it). Each build's name
+carries that target and a key of the Python environment and torch version, so two environments sharing the cache
+(the two test environments) keep their own builds instead of rebuilding over each other's.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any, Iterator
 
+from ....default_dtype import cpu_flags
 from ....errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -33,20 +34,23 @@ CAPABILITY_FLAGS = {
                "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
     "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
 }
+#: Dtypes (``option.dtype``'s names) the CPU kernels other than torch's own run.
+KERNEL_DTYPES = ("fp32", "bf16")
 
 
-def float32_cpu_linears(torch: Any, model: Any, key: str, value: str) -> list[Any]:
-    """``model``'s ``nn.Linear`` layers, refused (``ConfigError``) unless every one is float32 on the CPU."""
+def cpu_linears(torch: Any, model: Any, key: str, value: str) -> list[Any]:
+    """``model``'s ``nn.Linear`` layers, refused (``ConfigError``) unless all are float32, or all bfloat16, on the
+    CPU."""
     layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
     weights = {(m.weight.device.type, m.weight.dtype) for m in layers}
-    if weights - {("cpu", torch.float32)}:
-        raise not_float32_on_cpu(key, value, ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
+    if weights not in ({("cpu", torch.float32)}, {("cpu", torch.bfloat16)}):
+        raise not_on_cpu(key, value, ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
     return layers
 
 
-def not_float32_on_cpu(key: str, value: str, found: str) -> ConfigError:
-    return ConfigError(key, value, f"this kernel runs float32 on the CPU, not {found}: remove the option, or load "
-                       "float32 on the CPU (option.dtype=fp32, option.device=cpu)")
+def not_on_cpu(key: str, value: str, found: str) -> ConfigError:
+    return ConfigError(key, value, f"this kernel runs float32 or bfloat16 on the CPU, not {found}: remove the "
+                       "option, or load on the CPU in one of them (option.dtype=fp32 or bf16, option.device=cpu)")
 
 
 def environment_key(torch: Any) -> str:
@@ -73,18 +77,28 @@ def _building_alone(name: str) -> Iterator[None]:
         yield
 
 
+def build_target(torch: Any) -> tuple[str, list[str]]:
+    """What the kernels build for here, as a name and the compiler's flags: the capability torch dispatches to, with
+    AVX-512 BF16 beside AVX-512 where the CPU has it."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    flags = CAPABILITY_FLAGS.get(capability, [])
+    if capability == "AVX512" and "avx512_bf16" in cpu_flags():
+        return "avx512bf16", [*flags, "-mavx512bf16"]
+    return capability.lower(), flags
+
+
 def build(torch: Any, key: str, source: Path) -> Any:
     """The extension module compiled from ``source`` for ``option.<key>=compiled``; ``ConfigError`` naming the option
     when it cannot be built."""
     try:
         from torch.utils.cpp_extension import load
 
-        capability = torch.backends.cpu.get_cpu_capability()
-        # One build folder per capability and environment: a cache shared by two CPUs (or ATEN_CPU_CAPABILITY set),
-        # or by two virtual environments with their own torch, keeps every build instead of rebuilding over another.
-        name = f"lmi_{source.stem}_{capability.lower()}_{environment_key(torch)}"
+        target, flags = build_target(torch)
+        # One build folder per target and environment: a cache shared by two CPUs (or ATEN_CPU_CAPABILITY set), or
+        # by two virtual environments with their own torch, keeps every build instead of rebuilding over another.
+        name = f"lmi_{source.stem}_{target}_{environment_key(torch)}"
         with _building_alone(name):
-            return load(name, [str(source)], extra_cflags=["-O3", *CAPABILITY_FLAGS.get(capability, [])])
+            return load(name, [str(source)], extra_cflags=["-O3", *flags])
     except Exception as exc:  # no compiler, no ninja, a failed build: each says so in its message
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise ConfigError(key, "compiled", f"building the kernel failed ({reason}): install a C++ compiler and ninja, "

@@ -7,12 +7,14 @@ through with software prefetch, and holds each tile's sums in vector registers (
 the figures are in docs/engine.md, "Figures"). From ``common.WIDE_ROWS`` rows (a prefill chunk)
 a layer runs torch's own product on the stock weights instead: the panels are laid out for decode's few rows.
 
-Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
+A float32 model multiplies float32; a bfloat16 model multiplies its bfloat16 weights and rows with AVX-512 BF16's
+``vdpbf16ps`` into float32 sums, each output rounded to bfloat16 once (the build has that path only where the CPU
+has AVX-512 BF16: ``common.build_target``; elsewhere a bfloat16 model is refused naming the option). Like oneDNN
+it sums in another order than torch's product (float32 logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock
 ones stay: tied embeddings and the load checks read them), all in one buffer on 2 MB pages
-(``memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). Float32 on the
-CPU only, built at load (``common.build``). torch is passed in by the backend; nothing here runs at import
-time.
+(``memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). On the CPU only,
+built at load (``common.build``). torch is passed in by the backend; nothing here runs at import time.
 """
 
 from __future__ import annotations
@@ -21,25 +23,32 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .common import WIDE_ROWS, build, float32_cpu_linears
+from ....config import ConfigError
+from .common import WIDE_ROWS, build, cpu_linears
 from .memory import huge_page_empty
 
 SOURCE = Path(__file__).with_name("compiled_linear.cpp")
 
 
 def build_kernel(torch: Any) -> Any:
-    """The compiled module (``width``, ``pack_weight``, ``linear``); ``ConfigError`` naming the option when it
-    cannot be built."""
+    """The compiled module (``width``, ``bfloat16``: whether it has the bfloat16 path, ``pack_weight``,
+    ``linear``); ``ConfigError`` naming the option when it cannot be built."""
     return build(torch, "cpu_linear_kernel", SOURCE)
 
 
 def compile_linears(torch: Any, kernel: Any, model: Any) -> int:
     """Route every ``nn.Linear`` of ``model`` through ``kernel``; how many layers. Refused (``ConfigError``) where
-    the model is not float32 on the CPU."""
-    layers = float32_cpu_linears(torch, model, "cpu_linear_kernel", "compiled")
-    shapes = [(-(-layer.out_features // kernel.width), layer.in_features, kernel.width) for layer in layers]
+    the model is not float32 or bfloat16 on the CPU, or bfloat16 where this build has no bfloat16 path."""
+    layers = cpu_linears(torch, model, "cpu_linear_kernel", "compiled")
+    dtype = layers[0].weight.dtype if layers else torch.float32
+    depth = 1 if dtype == torch.float32 else 2  # k a packed vector holds per output: a pair in bfloat16
+    if depth == 2 and not kernel.bfloat16:
+        raise ConfigError("cpu_linear_kernel", "compiled", "this CPU has no AVX-512 BF16, which the kernel multiplies "
+                          "bfloat16 with: remove the option, or load float32 (option.dtype=fp32)")
+    shapes = [(-(-layer.out_features // kernel.width), -(-layer.in_features // depth), kernel.width * depth)
+              for layer in layers]
     # One buffer on huge pages for every packed weight: a step streams all of them (memory.huge_page_empty).
-    arena = huge_page_empty(torch, (sum(math.prod(shape) for shape in shapes),), torch.float32)
+    arena = huge_page_empty(torch, (sum(math.prod(shape) for shape in shapes),), dtype)
     offset = 0
     for layer, shape in zip(layers, shapes):
         packed = arena[offset:offset + math.prod(shape)].view(shape)
@@ -50,7 +59,7 @@ def compile_linears(torch: Any, kernel: Any, model: Any) -> int:
 
 
 def _compiled_forward(torch: Any, kernel: Any, layer: Any, packed: Any) -> Any:
-    bias = torch.zeros(packed.shape[0] * packed.shape[2])
+    bias = torch.zeros(packed.shape[0] * kernel.width)  # float32: added to the sums before any rounding
     if layer.bias is not None:
         bias[:layer.out_features] = layer.bias.detach()
     linear, out = kernel.linear, layer.out_features
@@ -65,20 +74,32 @@ def _compiled_forward(torch: Any, kernel: Any, layer: Any, packed: Any) -> Any:
     return forward
 
 
-def load_check(torch: Any, kernel: Any) -> str | None:
-    """None if ``kernel`` multiplies a small layer as the product in float64 does on this CPU, over every row block
-    and a padded last panel; else what differed (``option.cpu_linear_kernel=auto`` then takes the next choice)."""
+def load_check(torch: Any, kernel: Any, dtype: Any = None) -> str | None:
+    """None if ``kernel`` multiplies a small layer in ``dtype`` (float32 by default, or bfloat16) as the product in
+    float64 does on this CPU, over every row block, a padded last panel and an odd count of inputs; else what
+    differed (``option.cpu_linear_kernel=auto`` then takes the next choice)."""
+    dtype = dtype or torch.float32
+    if dtype == torch.bfloat16 and not kernel.bfloat16:
+        return "this build has no bfloat16 path (no AVX-512 BF16)"
     generator = torch.Generator().manual_seed(0)
-    layer = torch.nn.Linear(33, 20)
+    layer = torch.nn.Linear(33, 20).to(dtype)
     torch.nn.init.normal_(layer.bias, generator=generator)
     compiled = torch.nn.Sequential(layer)
     compile_linears(torch, kernel, compiled)
     with torch.inference_mode():
         for rows in (*range(1, 18), 64):
-            x = torch.randn(rows, 33, generator=generator)
-            want = x.double() @ layer.weight.double().T + layer.bias.double()
-            scale = x.double().abs() @ layer.weight.double().abs().T + layer.bias.double().abs()
-            error = float(((compiled(x).double() - want).abs() / scale).max())
+            x = torch.randn(rows, 33, generator=generator).to(dtype)
+            error = float(relative_error(torch, compiled(x), x, layer).max())
             if not error <= 1e-6:
-                return f"{rows} rows: relative error {error:.1e}"
+                return f"{rows} rows in {dtype}: relative error {error:.1e}"
     return None
+
+
+def relative_error(torch: Any, got: Any, x: Any, layer: Any) -> Any:
+    """How far ``got`` lies from ``layer(x)`` computed in float64, over the sum of the products' magnitudes, less the
+    rounding of a result to ``got``'s dtype (half a unit in its last place: bfloat16 keeps 8 bits)."""
+    weight, bias = layer.weight.detach().double(), layer.bias.detach().double()
+    want = x.double() @ weight.T + bias
+    scale = x.double().abs() @ weight.abs().T + bias.abs()
+    rounding = want.abs() * torch.finfo(got.dtype).eps / 2 if got.dtype != torch.float32 else 0
+    return ((got.double() - want).abs() - rounding).clamp(min=0) / scale

@@ -6,11 +6,15 @@
 //
 // The query heads of a group are handled together, up to MAX_HEADS at a time, with their sums held in vector
 // registers: each key or value loaded is used by every head of the group before the next one is read.
+//
+// The pool holds float32 or bfloat16 (the model's dtype); the query, the scores, the softmax and the sums are
+// float32 either way, each bfloat16 key and value widened as it is loaded.
 
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
+#include <c10/util/BFloat16.h>
 
 #include <algorithm>
 #include <vector>
@@ -27,11 +31,25 @@ constexpr int MAX_HEADS = 8;
 // SmolLM2's shapes; 2 and 4 were slower than none.
 constexpr int64_t AHEAD = 16;
 
-void prefetch(const float* key, const float* value, int64_t dim) {
-  for (int64_t i = 0; i < dim; i += 64 / sizeof(float)) {
+template <typename T>
+void prefetch(const T* key, const T* value, int64_t dim) {
+  for (int64_t i = 0; i < dim; i += 64 / sizeof(T)) {
     __builtin_prefetch(key + i);
     __builtin_prefetch(value + i);
   }
+}
+
+// `count` (at most a vector's) pool values from p as float32.
+inline Vec widen(const float* p, int64_t count = kVec) { return count == kVec ? Vec::loadu(p) : Vec::loadu(p, count); }
+inline Vec widen(const c10::BFloat16* p, int64_t count = kVec) {
+  if (count == kVec) {
+    Vec out;
+    at::vec::load_to_float<c10::BFloat16>(p, out);
+    return out;
+  }
+  float part[kVec] = {};
+  for (int64_t i = 0; i < count; ++i) part[i] = static_cast<float>(p[i]);
+  return Vec::loadu(part);
 }
 
 float sum_lanes(const Vec& x) {
@@ -39,21 +57,21 @@ float sum_lanes(const Vec& x) {
 }
 
 // scores[p * n + j] = factor * (query head p) . (key j), for HEADS heads at once.
-template <int HEADS>
-void score(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n,
+template <int HEADS, typename T>
+void score(const float* q, int64_t q_head, const T* keys, const T* values, const int64_t* where, int64_t n,
            int64_t dim, float factor, float* scores) {
   const int64_t full = dim / kVec * kVec, tail = dim - full;
   for (int64_t j = 0; j < n; ++j) {
-    const float* k = keys + where[j];
+    const T* k = keys + where[j];
     if (j + AHEAD < n) prefetch(keys + where[j + AHEAD], values + where[j + AHEAD], dim);
     Vec acc[HEADS];
     for (int p = 0; p < HEADS; ++p) acc[p] = Vec(0.0f);
     for (int64_t i = 0; i < full; i += kVec) {
-      const Vec kv = Vec::loadu(k + i);
+      const Vec kv = widen(k + i);
       for (int p = 0; p < HEADS; ++p) acc[p] = at::vec::fmadd(Vec::loadu(q + p * q_head + i), kv, acc[p]);
     }
     if (tail) {
-      const Vec kv = Vec::loadu(k + full, tail);
+      const Vec kv = widen(k + full, tail);
       for (int p = 0; p < HEADS; ++p) acc[p] = at::vec::fmadd(Vec::loadu(q + p * q_head + full, tail), kv, acc[p]);
     }
     for (int p = 0; p < HEADS; ++p) scores[p * n + j] = sum_lanes(acc[p]) * factor;
@@ -61,8 +79,8 @@ void score(const float* q, int64_t q_head, const float* keys, const float* value
 }
 
 // out[p * dim + i] = sum_j weights[p * n + j] * value_j[i] for the WIDTH vectors of dimensions from `from`.
-template <int HEADS, int WIDTH>
-void weigh(const float* weights, const float* values, const int64_t* where, int64_t n, int64_t from, int64_t dim,
+template <int HEADS, int WIDTH, typename T>
+void weigh(const float* weights, const T* values, const int64_t* where, int64_t n, int64_t from, int64_t dim,
            float* out) {
   int64_t count[WIDTH];
   for (int c = 0; c < WIDTH; ++c) count[c] = std::min(kVec, dim - from - c * kVec);
@@ -70,10 +88,9 @@ void weigh(const float* weights, const float* values, const int64_t* where, int6
   for (int p = 0; p < HEADS; ++p)
     for (int c = 0; c < WIDTH; ++c) acc[p][c] = Vec(0.0f);
   for (int64_t j = 0; j < n; ++j) {
-    const float* v = values + where[j] + from;
+    const T* v = values + where[j] + from;
     Vec vv[WIDTH];
-    for (int c = 0; c < WIDTH; ++c)
-      vv[c] = count[c] == kVec ? Vec::loadu(v + c * kVec) : Vec::loadu(v + c * kVec, count[c]);
+    for (int c = 0; c < WIDTH; ++c) vv[c] = widen(v + c * kVec, count[c]);
     for (int p = 0; p < HEADS; ++p) {
       const Vec w(weights[p * n + j]);
       for (int c = 0; c < WIDTH; ++c) acc[p][c] = at::vec::fmadd(w, vv[c], acc[p][c]);
@@ -92,53 +109,31 @@ void softmax(float* s, int64_t n) {
 }
 
 // HEADS query heads (of one KV head) attend over n positions; scores is scratch of HEADS * n.
-template <int HEADS>
-void attend(const float* q, int64_t q_head, const float* keys, const float* values, const int64_t* where, int64_t n,
+template <int HEADS, typename T>
+void attend(const float* q, int64_t q_head, const T* keys, const T* values, const int64_t* where, int64_t n,
             int64_t dim, float factor, float* scores, float* out) {
-  score<HEADS>(q, q_head, keys, values, where, n, dim, factor, scores);
+  score<HEADS, T>(q, q_head, keys, values, where, n, dim, factor, scores);
   for (int p = 0; p < HEADS; ++p) softmax(scores + p * n, n);
   // Two vectors of dimensions at a time keep 2 * HEADS sums in flight, enough to hide the multiply-add latency.
   int64_t from = 0;
-  for (; from + kVec < dim; from += 2 * kVec) weigh<HEADS, 2>(scores, values, where, n, from, dim, out);
-  if (from < dim) weigh<HEADS, 1>(scores, values, where, n, from, dim, out);
+  for (; from + kVec < dim; from += 2 * kVec) weigh<HEADS, 2, T>(scores, values, where, n, from, dim, out);
+  if (from < dim) weigh<HEADS, 1, T>(scores, values, where, n, from, dim, out);
 }
 
-using Attend = void (*)(const float*, int64_t, const float*, const float*, const int64_t*, int64_t, int64_t, float,
-                        float*, float*);
-constexpr Attend kAttend[MAX_HEADS] = {attend<1>, attend<2>, attend<3>, attend<4>,
-                                       attend<5>, attend<6>, attend<7>, attend<8>};
+template <typename T>
+using Attend = void (*)(const float*, int64_t, const T*, const T*, const int64_t*, int64_t, int64_t, float, float*,
+                        float*);
+template <typename T>
+constexpr Attend<T> kAttend[MAX_HEADS] = {attend<1, T>, attend<2, T>, attend<3, T>, attend<4, T>,
+                                          attend<5, T>, attend<6, T>, attend<7, T>, attend<8, T>};
 
-}  // namespace
 
-// query [rows, heads, dim] (any row and head strides); keys, values [kv_heads, slots, dim]; tables [rows, blocks]
-// block ids; lengths [rows]: how many leading positions each row reads. Returns [rows, heads, dim].
-torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
-                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t block_size,
-                               double scale) {
-  for (const auto* t : {&query, &keys, &values})
-    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == at::kFloat, "float32 CPU tensors only");
-  TORCH_CHECK(query.stride(2) == 1 && keys.is_contiguous() && values.is_contiguous(), "unexpected layout");
-  TORCH_CHECK(tables.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && tables.stride(1) == 1,
-              "tables and lengths: int64");
-  const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2);
-  const int64_t groups = keys.size(0), slots = keys.size(1), per = heads / groups;
-  auto out = torch::empty({rows, heads, dim}, query.options());
-  const float* q = query.data_ptr<float>();
-  const float* k = keys.data_ptr<float>();
-  const float* v = values.data_ptr<float>();
-  const int64_t* table = tables.data_ptr<int64_t>();
-  const int64_t* length = lengths.data_ptr<int64_t>();
-  float* o = out.data_ptr<float>();
-  const int64_t q_row = query.stride(0), q_head = query.stride(1), t_row = tables.stride(0), l_row = lengths.stride(0);
-  const float factor = static_cast<float>(scale);
-  // Every slot a row reads must lie in the pool: a bad table would read foreign memory, not fail.
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t n = length[r * l_row];
-    TORCH_CHECK(n >= 1 && n <= tables.size(1) * block_size, "row ", r, " reads ", n, " positions");
-    for (int64_t b = 0; b * block_size < n; ++b)
-      TORCH_CHECK(table[r * t_row + b] >= 0 && (table[r * t_row + b] + 1) * block_size <= slots, "row ", r,
-                  " block ", table[r * t_row + b], " lies outside the pool");
-  }
+// Every row's query heads attend over the positions its table lists (see decode_attention).
+template <typename T>
+void attend_rows(const float* q, int64_t q_row, int64_t q_head, const T* k, const T* v, const int64_t* table,
+                 int64_t t_row, const int64_t* length, int64_t l_row, int64_t rows, int64_t heads, int64_t groups,
+                 int64_t slots, int64_t dim, int64_t block_size, float factor, float* o) {
+  const int64_t per = heads / groups;
   at::parallel_for(0, rows * groups, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> scores;   // [heads at a time, n]: the scores, then the weights
     std::vector<int64_t> where;  // [n]: where each position's key and value start in the layer's pool
@@ -153,11 +148,52 @@ torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& 
       }
       for (int64_t p = 0; p < per; p += MAX_HEADS) {
         const int64_t head = g * per + p;
-        kAttend[std::min<int64_t>(per - p, MAX_HEADS) - 1](q + r * q_row + head * q_head, q_head, k, v, where.data(),
-                                                           n, dim, factor, scores.data(), o + (r * heads + head) * dim);
+        kAttend<T>[std::min<int64_t>(per - p, MAX_HEADS) - 1](q + r * q_row + head * q_head, q_head, k, v,
+                                                              where.data(), n, dim, factor, scores.data(),
+                                                              o + (r * heads + head) * dim);
       }
     }
   });
+}
+
+}  // namespace
+
+// query [rows, heads, dim] float32 (any row and head strides); keys, values [kv_heads, slots, dim], float32 or
+// bfloat16; tables [rows, blocks] block ids; lengths [rows]: how many leading positions each row reads. Returns
+// [rows, heads, dim] float32.
+torch::Tensor decode_attention(const torch::Tensor& query, const torch::Tensor& keys, const torch::Tensor& values,
+                               const torch::Tensor& tables, const torch::Tensor& lengths, int64_t block_size,
+                               double scale) {
+  TORCH_CHECK(query.device().is_cpu() && query.scalar_type() == at::kFloat, "query: float32 on the CPU");
+  for (const auto* t : {&keys, &values})
+    TORCH_CHECK(t->device().is_cpu() && t->scalar_type() == keys.scalar_type() &&
+                    (t->scalar_type() == at::kFloat || t->scalar_type() == at::kBFloat16),
+                "keys and values: float32 or bfloat16 on the CPU");
+  TORCH_CHECK(query.stride(2) == 1 && keys.is_contiguous() && values.is_contiguous(), "unexpected layout");
+  TORCH_CHECK(tables.scalar_type() == at::kLong && lengths.scalar_type() == at::kLong && tables.stride(1) == 1,
+              "tables and lengths: int64");
+  const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2);
+  const int64_t groups = keys.size(0), slots = keys.size(1);
+  auto out = torch::empty({rows, heads, dim}, query.options());
+  const int64_t* table = tables.data_ptr<int64_t>();
+  const int64_t* length = lengths.data_ptr<int64_t>();
+  const int64_t t_row = tables.stride(0), l_row = lengths.stride(0);
+  // Every slot a row reads must lie in the pool: a bad table would read foreign memory, not fail.
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t n = length[r * l_row];
+    TORCH_CHECK(n >= 1 && n <= tables.size(1) * block_size, "row ", r, " reads ", n, " positions");
+    for (int64_t b = 0; b * block_size < n; ++b)
+      TORCH_CHECK(table[r * t_row + b] >= 0 && (table[r * t_row + b] + 1) * block_size <= slots, "row ", r,
+                  " block ", table[r * t_row + b], " lies outside the pool");
+  }
+  const auto run = [&](const auto* k, const auto* v) {
+    attend_rows(query.data_ptr<float>(), query.stride(0), query.stride(1), k, v, table, t_row, length, l_row, rows,
+                heads, groups, slots, dim, block_size, static_cast<float>(scale), out.data_ptr<float>());
+  };
+  if (keys.scalar_type() == at::kFloat)
+    run(keys.data_ptr<float>(), values.data_ptr<float>());
+  else
+    run(keys.data_ptr<c10::BFloat16>(), values.data_ptr<c10::BFloat16>());
   return out;
 }
 

@@ -8,8 +8,10 @@ values prefetched, which makes decode steps faster the more rows they have (``be
 figures in docs/engine.md, "Figures"). The sums run in another order, so outputs differ from
 torch's by about 1e-7; greedy output equals ``model.generate`` (tests).
 
-It is C++ (``common.build``), because torch has no operator that attends over a block table. Float32 on
-the CPU only. torch is passed in by the backend; nothing here runs at import time.
+It is C++ (``common.build``), because torch has no operator that attends over a block table. On the CPU only,
+over a float32 or bfloat16 pool: the query, scores, softmax and sums are float32 either way (each bfloat16 key and
+value widened as it is read, the output rounded to bfloat16 once). torch is passed in by the backend; nothing here
+runs at import time.
 """
 
 from __future__ import annotations
@@ -29,18 +31,22 @@ def build_kernel(torch: Any) -> Any:
 
 def decode_reader(kernel: Any, tables: Any, lengths: Any, block_size: int) -> Callable[..., Any]:
     """``attend(query [rows, heads, dim], keys, values [kv_heads, slots, dim], scale)`` -> ``[rows, heads, dim]``
-    for decode rows whose first ``lengths`` positions lie in the blocks of ``tables``."""
-    return lambda query, keys, values, scale: kernel(query, keys, values, tables, lengths, block_size, scale)
+    for decode rows whose first ``lengths`` positions lie in the blocks of ``tables``, in the query's dtype."""
+    def attend(query: Any, keys: Any, values: Any, scale: float) -> Any:
+        return kernel(query.float(), keys, values, tables, lengths, block_size, scale).to(query.dtype)
+
+    return attend
 
 
-def load_check(torch: Any, kernel: Any) -> str | None:
-    """None if ``kernel`` attends as softmax in float64 does on this CPU over rows ending inside, at and past a
-    block's end; else what differed (``option.cpu_attention_kernel=auto`` then takes torch's operators)."""
+def load_check(torch: Any, kernel: Any, dtype: Any = None) -> str | None:
+    """None if ``kernel`` attends over a pool in ``dtype`` (float32 by default, or bfloat16) as softmax in float64
+    does on this CPU over rows ending inside, at and past a block's end; else what differed
+    (``option.cpu_attention_kernel=auto`` then takes torch's operators)."""
     generator = torch.Generator().manual_seed(0)
     heads, groups, dim, block_size = 4, 2, 24, 4
     lengths = torch.tensor([1, 4, 5, 11])
     tables = torch.arange(12).view(4, 3)  # row r reads blocks 3r .. 3r + 2
-    keys, values = (torch.randn(groups, 48, dim, generator=generator) for _ in range(2))
+    keys, values = (torch.randn(groups, 48, dim, generator=generator).to(dtype or torch.float32) for _ in range(2))
     query = torch.randn(len(lengths), heads, dim, generator=generator)
     got = kernel(query, keys, values, tables, lengths, block_size, dim ** -0.5)
     for row, length in enumerate(lengths.tolist()):

@@ -7,14 +7,19 @@ ones).
   (``decode_attention.py``).
 
 ``auto`` (``choose``) takes, for a float32 model on the CPU, the compiled kernel where it builds and passes its
-load check on this CPU, else for the linear layers oneDNN where torch has it, else the stock path; on a GPU, in
-another dtype or with quantized weights it is the stock path. A build that fails under ``auto`` never fails the
-load: the next choice is taken and the log says why. The choice and its reasons are logged once per process.
-``stock`` and ``torch`` are what exactness tests pin: greedy output equal to the stock model's bit for bit.
+load check on this CPU, else for the linear layers oneDNN where torch has it, else the stock path. For a bfloat16
+model on the CPU it measures the linear layers' candidates that run here (the compiled kernel where it builds
+with AVX-512 BF16 and passes its check, oneDNN where torch multiplies bfloat16 with it, torch's product) on
+decode's row counts over weights larger than the caches (``fastest_linear``), and takes the fastest: on a CPU with
+AMX oneDNN's tiles can beat the compiled kernel, which uses AVX-512 BF16; the decode attention is the compiled
+kernel where it builds and passes its check, as in float32. On a GPU, in float16 or with quantized weights it is
+the stock path. A build that fails under ``auto`` never fails the load: the next choice is taken and the log says
+why. The choice and its reasons (with the measured times) are logged once per process. ``stock`` and ``torch`` are
+what exactness tests pin: greedy output equal to the stock model's bit for bit.
 
-Every kernel but torch's own takes float32 on the CPU only, so those choices, named explicitly, are refused before
-any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule before a
-deployment.
+Every kernel but torch's own takes float32 or bfloat16 on the CPU only, so those choices, named explicitly, are
+refused before any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule
+before a deployment.
 
 torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else it follows the
 step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
@@ -30,12 +35,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
 from ....config import ConfigError, parse_choice
-from .common import WIDE_ROWS, not_float32_on_cpu
+from .common import KERNEL_DTYPES, WIDE_ROWS, not_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -69,21 +75,22 @@ def parse_kernels(props: Mapping[str, Any]) -> CpuKernels:
 
 
 def check_target(kernels: CpuKernels, device: str, dtype: str) -> None:
-    """``device`` resolved (cpu or cuda), ``dtype`` as ``option.dtype`` says it (auto is float32 on the CPU).
-    ``auto`` always passes: elsewhere it is the stock path."""
+    """``device`` and ``dtype`` resolved (cpu or cuda; fp32, fp16 or bf16). ``auto`` always passes: elsewhere it is
+    the stock path."""
     for key, value in zip(OPTIONS, (kernels.linear, kernels.attention)):
-        if value not in (AUTO, STOCK[key]) and (device != "cpu" or dtype not in ("auto", "fp32")):
-            raise not_float32_on_cpu(key, value, f"option.dtype={dtype} on {device}")
+        if value not in (AUTO, STOCK[key]) and (device != "cpu" or dtype not in KERNEL_DTYPES):
+            raise not_on_cpu(key, value, f"{dtype} on {device}")
 
 
 _logged: set[str] = set()  # the choices this process has logged
 
 
-def choose(torch: Any, kernels: CpuKernels, float32_cpu: bool, quantized: bool) -> Chosen:
-    """The kernels to run, ``auto`` resolved (``float32_cpu``: the model loads float32 on the CPU); explicit
-    compiled kernels are built here, before the weights load, so a machine without a compiler is refused in
-    seconds. The choice and its reasons are logged once per process (a draft model chooses the same again)."""
-    chosen = _choose(torch, kernels, float32_cpu, quantized)
+def choose(torch: Any, kernels: CpuKernels, cpu_dtype: str | None, quantized: bool) -> Chosen:
+    """The kernels to run, ``auto`` resolved (``cpu_dtype``: fp32 or bf16 where the model loads so on the CPU, else
+    None); explicit compiled kernels are built here, before the weights load, so a machine without a compiler is
+    refused in seconds. The choice and its reasons are logged once per process (a draft model chooses the same
+    again)."""
+    chosen = _choose(torch, kernels, cpu_dtype if cpu_dtype in KERNEL_DTYPES else None, quantized)
     line = f"CPU kernels: linear layers {chosen.linear}, decode attention {chosen.attention}" + \
         (f" (auto: {'; '.join(chosen.reasons)})" if chosen.reasons else "")
     if line not in _logged:
@@ -92,24 +99,28 @@ def choose(torch: Any, kernels: CpuKernels, float32_cpu: bool, quantized: bool) 
     return chosen
 
 
-def _choose(torch: Any, kernels: CpuKernels, float32_cpu: bool, quantized: bool) -> Chosen:
+def _choose(torch: Any, kernels: CpuKernels, cpu_dtype: str | None, quantized: bool) -> Chosen:
     reasons: list[str] = []
-    linear, linear_kernel = _choose_linear(torch, kernels.linear, float32_cpu, quantized, reasons)
-    attention, attention_kernel = _choose_attention(torch, kernels.attention, float32_cpu, reasons)
+    linear, linear_kernel = _choose_linear(torch, kernels.linear, cpu_dtype, quantized, reasons)
+    attention, attention_kernel = _choose_attention(torch, kernels.attention, cpu_dtype, reasons)
     return Chosen(linear, attention, linear_kernel, attention_kernel, tuple(reasons))
 
 
-def _choose_linear(torch: Any, value: str, float32_cpu: bool, quantized: bool, reasons: list[str]) -> tuple[str, Any]:
+def _choose_linear(torch: Any, value: str, cpu_dtype: str | None, quantized: bool,
+                   reasons: list[str]) -> tuple[str, Any]:
     from . import compiled_linear
 
     if value == "compiled":
         return value, compiled_linear.build_kernel(torch)
     if value != AUTO:
         return value, None
-    if not float32_cpu or quantized:
-        reasons.append("linear stock: " + ("the weights are quantized" if quantized else "not float32 on the CPU"))
+    if cpu_dtype is None or quantized:
+        reasons.append("linear stock: " + ("the weights are quantized" if quantized else
+                                           "not float32 or bfloat16 on the CPU"))
         return "stock", None
-    kernel = _built(torch, compiled_linear, reasons)
+    kernel = _built(torch, compiled_linear, reasons, cpu_dtype)
+    if cpu_dtype == "bf16":
+        return _measured_bf16_linear(torch, kernel, reasons)
     if kernel is not None:
         return "compiled", kernel
     if torch.backends.mkldnn.is_available():
@@ -119,22 +130,40 @@ def _choose_linear(torch: Any, value: str, float32_cpu: bool, quantized: bool, r
     return "stock", None
 
 
-def _choose_attention(torch: Any, value: str, float32_cpu: bool, reasons: list[str]) -> tuple[str, Any]:
+def _measured_bf16_linear(torch: Any, kernel: Any, reasons: list[str]) -> tuple[str, Any]:
+    """The fastest of the bfloat16 linear kernels that run here (``kernel``: the compiled one, None where it did not
+    build or pass its check), with the times in the reason."""
+    candidates = {"compiled": kernel} if kernel is not None else {}
+    if torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        candidates["onednn"] = None
+    if not candidates:
+        reasons.append("linear stock: neither the compiled kernel nor oneDNN multiplies bfloat16 here")
+        return "stock", None
+    times = fastest_linear(torch, kernel, list(candidates))
+    best = fastest(times)
+    reasons.append(f"linear {best}: the fastest bfloat16 product here, ms at {'/'.join(map(str, MEASURED_ROWS))} "
+                   "rows: " + "; ".join(f"{name} {'/'.join(f'{ms:.1f}' for ms in spent)}"
+                                        for name, spent in times.items()))
+    return best, candidates.get(best)
+
+
+def _choose_attention(torch: Any, value: str, cpu_dtype: str | None, reasons: list[str]) -> tuple[str, Any]:
     from . import decode_attention
 
     if value == "compiled":
         return value, decode_attention.build_kernel(torch)
     if value != AUTO:
         return value, None
-    if not float32_cpu:
-        reasons.append("attention torch: not float32 on the CPU")
+    if cpu_dtype is None:
+        reasons.append("attention torch: not float32 or bfloat16 on the CPU")
         return "torch", None
-    kernel = _built(torch, decode_attention, reasons)
+    kernel = _built(torch, decode_attention, reasons, cpu_dtype)
     return ("compiled", kernel) if kernel is not None else ("torch", None)
 
 
-def _built(torch: Any, module: Any, reasons: list[str]) -> Any:
-    """``module``'s compiled kernel if it builds and passes its load check on this CPU, else None with the reason."""
+def _built(torch: Any, module: Any, reasons: list[str], dtype: str) -> Any:
+    """``module``'s compiled kernel if it builds and passes its load check in ``dtype`` on this CPU, else None with
+    the reason."""
     name = Path(module.SOURCE).stem
     try:
         kernel = module.build_kernel(torch)
@@ -142,7 +171,7 @@ def _built(torch: Any, module: Any, reasons: list[str]) -> Any:
         reasons.append(f"{name} not used: {exc.allowed}")
         logger.warning("option.%s=auto: %s", exc.key, exc.allowed)
         return None
-    failed = module.load_check(torch, kernel)
+    failed = module.load_check(torch, kernel, torch.bfloat16 if dtype == "bf16" else torch.float32)
     if failed:
         reasons.append(f"{name} not used: its load check failed ({failed})")
         logger.warning("the %s kernel failed its load check on this CPU: %s", name, failed)
@@ -168,3 +197,52 @@ def default_threads() -> StepThreads | None:
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return StepThreads(narrow=max(1, cpus - 1), wide=cpus)
+
+
+# ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
+# that they stream from memory as a model's do.
+MEASURED_ROWS = (1, 16, 64)
+MEASURED_LAYERS, MEASURED_SHAPE = 8, (2048, 2048)  # 64 MiB of bfloat16
+
+
+def fastest_linear(torch: Any, kernel: Any, names: list[str]) -> dict[str, list[float]]:
+    """Milliseconds of one bfloat16 product over ``MEASURED_LAYERS`` layers at each of ``MEASURED_ROWS`` (best of 3,
+    interleaved) for torch's product (``stock``) and each of ``names`` (``compiled``, built as ``kernel``, and
+    ``onednn``)."""
+    from .compiled_linear import compile_linears
+    from .onednn_linear import prepack_linears
+
+    generator = torch.Generator().manual_seed(0)
+    weights = [torch.randn(MEASURED_SHAPE, generator=generator).to(torch.bfloat16) for _ in range(MEASURED_LAYERS)]
+    models = {name: _linears(torch, weights) for name in ("stock", *names)}
+    if "compiled" in models:
+        compile_linears(torch, kernel, models["compiled"])
+    if "onednn" in models:
+        prepack_linears(torch, models["onednn"])
+    inputs = [torch.randn(rows, MEASURED_SHAPE[1], generator=generator).to(torch.bfloat16) for rows in MEASURED_ROWS]
+    best = {name: [float("inf")] * len(inputs) for name in models}
+    with torch.inference_mode():
+        for _ in range(3):
+            for name, layers in models.items():
+                for index, x in enumerate(inputs):
+                    began = time.perf_counter()
+                    for layer in layers:
+                        layer(x)
+                    best[name][index] = min(best[name][index], (time.perf_counter() - began) * 1000)
+    return best
+
+
+def _linears(torch: Any, weights: list[Any]) -> Any:
+    layers = []
+    for weight in weights:
+        layer = torch.nn.utils.skip_init(torch.nn.Linear, weight.shape[1], weight.shape[0], bias=False,
+                                         dtype=weight.dtype)
+        layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+        layers.append(layer)
+    return torch.nn.Sequential(*layers)
+
+
+def fastest(times: dict[str, list[float]]) -> str:
+    """The name whose times, each over the best at its row count, sum least."""
+    floor = [min(spent[i] for spent in times.values()) for i in range(len(MEASURED_ROWS))]
+    return min(times, key=lambda name: sum(ms / low for ms, low in zip(times[name], floor)))

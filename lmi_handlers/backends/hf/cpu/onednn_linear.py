@@ -1,11 +1,11 @@
 """The hf backend's linear layers through oneDNN with prepacked weights, on CPU (``option.cpu_linear_kernel``).
 
 torch's CPU build multiplies float32 linear layers with MKL. oneDNN, which torch also ships (and which
-torch's inductor and vLLM's CPU build use for the same products), runs them from weights reordered once
-into its blocked layout; on some CPUs that is much faster for decode's few rows (``benchmarks/engine.py linear``;
-figures in docs/engine.md, "Figures"). From ``common.WIDE_ROWS`` rows (a prefill chunk) a layer
-runs torch's own product on the stock weights instead, as fast or faster there. The sums are taken in another
-order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not
+torch's inductor and vLLM's CPU build use for the same products), runs them, in float32 or bfloat16, from weights
+reordered once into its blocked layout; on some CPUs that is much faster for decode's few rows
+(``benchmarks/engine.py linear``; figures in docs/engine.md, "Figures"). From ``common.WIDE_ROWS`` rows (a prefill
+chunk) a layer runs torch's own product on the stock weights instead, as fast or faster there. The sums are taken in
+another order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not
 on the stock one; ``stock`` is the choice where greedy output must equal the stock model's bit for bit. ``auto``
 (the default) takes oneDNN where the compiled kernel cannot run (``kernels.choose``).
 
@@ -18,17 +18,19 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import ConfigError
-from .common import WIDE_ROWS, float32_cpu_linears
+from .common import WIDE_ROWS, cpu_linears
 
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
 
 
 def prepack_linears(torch: Any, model: Any) -> int:
     """Route every ``nn.Linear`` of ``model`` through oneDNN with its weight prepacked; how many layers.
-    Refused (``ConfigError``) where the model is not float32 on the CPU or torch has no oneDNN."""
-    layers = float32_cpu_linears(torch, model, "cpu_linear_kernel", "onednn")
+    Refused (``ConfigError``) where the model is not float32 or bfloat16 on the CPU, or torch has no oneDNN for it."""
+    layers = cpu_linears(torch, model, "cpu_linear_kernel", "onednn")
     if not torch.backends.mkldnn.is_available():
         raise ConfigError("cpu_linear_kernel", "onednn", "this torch build has no oneDNN (mkldnn): use stock")
+    if layers and layers[0].weight.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        raise ConfigError("cpu_linear_kernel", "onednn", "oneDNN multiplies no bfloat16 on this CPU: use stock")
     for layer in layers:
         layer.forward = _prepacked_forward(torch, layer)
     return len(layers)
