@@ -253,8 +253,9 @@ HANDLER_KEYS = frozenset({
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
-    # tool calling (structured/tools.py)
-    "enable_auto_tool_choice", "tool_call_parser",
+    # tool calling (structured/tools.py), grammar budgets (structured/admission.py)
+    "enable_auto_tool_choice", "tool_call_parser", "max_grammar_chars", "max_grammar_compile_ms",
+    "max_grammar_step_fuel",
 }) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}  # LoRA adapters (adapters.LoraOptions)
 
 

@@ -22,8 +22,8 @@ from .config import HandlerConfig, check_unknown_keys
 from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
-from .errors import HandlerError, InvalidRequest, status_of
-from .job import Job, prepare_job
+from .errors import HandlerError, InvalidRequest, capped, log_failure, status_of
+from .job import Job, compile_grammars, prepare_job
 from .rolling import RollingBatch
 
 logger = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Handler:
         else:
             self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
             self.engine.scheduler.max_adapters = options.max_loras
-        self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
+        self.rolling = RollingBatch(self.engine, self._prepare, self._compile) if config.rolling else None
         self.initialized = True
 
     def handle(self, inputs: Any) -> Any:
@@ -80,23 +80,32 @@ class Handler:
             return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
                                adapters=self.adapters)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
-            if not isinstance(exc, HandlerError):
-                logger.exception("preparing a request failed")
-            return Job.rejected(exc)
+            return _rejected("preparing a request", exc)
+
+    def _compile(self, job: Job) -> Job:
+        """The job with its grammars compiled; a grammar refused (or failing to compile) is its own error."""
+        try:
+            return compile_grammars(job, self.backend)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
+            return _rejected("compiling a request's grammar", exc)
+
+    def _ready(self, item: Any) -> Job:
+        return self._compile(self._prepare(item))
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
         if not inputs.is_batch():
-            job = self._prepare(items[0])
+            job = self._ready(items[0])
             output = djl.new_output()
             if job.streaming:
                 output.add_property("content-type", job.content_type)
                 return output.add_stream_content(self._stream(job), output_formatter=None)
             body = self._complete([job])[0]
             if job.error is not None:
-                return output.error(job.error.message, code=job.error.code, message=reason_phrase(job.error.code))
+                return output.error(capped(job.error.message), code=job.error.code,
+                                    message=reason_phrase(job.error.code))
             return output.add_property("content-type", job.content_type).add(body)
-        jobs = [self._prepare(item) for item in items]
+        jobs = [self._ready(item) for item in items]
         output = djl.new_output()
         types = set()
         for i, (job, body) in enumerate(zip(jobs, self._complete(jobs))):
@@ -157,12 +166,18 @@ class Handler:
 
     def _error_output(self, exc: Exception) -> Any:
         if not isinstance(exc, HandlerError):
-            logger.exception("handler failed")
+            log_failure(logger, "handler failed", exc)
         code = status_of(exc)
         message = str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
         if not self.initialized:
             message = f"model failed to load: {message}"
-        return djl.new_output().error(message, code=code, message=reason_phrase(code))
+        return djl.new_output().error(capped(message), code=code, message=reason_phrase(code))
+
+
+def _rejected(what: str, exc: Exception) -> Job:
+    if not isinstance(exc, HandlerError):
+        log_failure(logger, f"{what} failed", exc)
+    return Job.rejected(exc)
 
 
 def _configuration(inputs: Any) -> dict[str, Any]:

@@ -18,6 +18,10 @@ use it, in transformers' order (repetition penalty, temperature, top-k, top-p), 
   on a CPU (docs/optimizations.md, "Measured figures"). Which way a row goes depends on its own parameters only.
 
 ``log_prob`` is the log-softmax of the raw model logits at the chosen token.
+
+A row whose grammar, random draw or selection fails gets its ``SequenceFailed`` in place of a token, and the other
+rows are chosen as without it (``rows.py``): the draws are taken row by row before the batched selection, so that
+a selection run again row by row draws nothing twice.
 """
 
 from __future__ import annotations
@@ -25,16 +29,19 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..sequence import SequenceState
+from .rows import Rows
 
 
 class _RowState:
-    """What selection keeps per sequence: its random generator and the set of tokens it has seen."""
+    """What selection keeps per sequence: its random generator, this step's number drawn from it, and the set of
+    tokens it has seen."""
 
-    __slots__ = ("generator", "seen")
+    __slots__ = ("generator", "seen", "drawn")
 
     def __init__(self) -> None:
         self.generator: Any = None
         self.seen: Any = None
+        self.drawn: Any = None
 
 
 def _state(seq: SequenceState) -> _RowState:
@@ -115,7 +122,7 @@ def _sample(torch: Any, scores: Any, plain: Any, seqs: Sequence[SequenceState], 
             weights, order = _take(torch, plain, index), None  # the softmax's numerators: the same draw
         else:
             weights, order = _tempered_probs(torch, _take(torch, scores, index), params), None
-        chosen = _draw(torch, weights, torch.cat([_uniform(torch, seqs[row], device) for row in index]))
+        chosen = _draw(torch, weights, torch.cat([seqs[row].sampler_state.drawn for row in index]))
         picks[torch.tensor(group, device=device)] = chosen if order is None else order.gather(1, chosen[:, None])[:, 0]
     return picks
 
@@ -203,14 +210,31 @@ def uniform(torch: Any, seq: SequenceState, device: Any) -> float:
 
 
 def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState],
-                  grammars: Any = None) -> list[tuple[int, float] | list[tuple[int, float]]]:
+                  grammars: Any = None) -> list[Any]:
     """One (token id, log prob) per row of ``logits`` ([rows, vocab]). With ``grammars``
     (``structured.masks.GrammarMasks``), constrained rows choose among the tokens their grammar allows (their
     log probabilities are those of the masked distribution), and a row whose grammar completes gets a list:
-    its token, then end-of-sequence."""
+    its token, then end-of-sequence. A row that failed gets its ``errors.SequenceFailed`` instead."""
+    rows = Rows(seqs)
     logits = logits.float()
     if grammars is not None:
-        logits = grammars.mask(torch, logits, seqs)
+        logits = grammars.mask(torch, logits, rows)
+    rows.each("sampling", lambda row: _draw_for_step(torch, seqs[row], logits.device))
+    done, chosen = rows.batched("sampling", lambda live: _choose(torch, _take(torch, logits, live),
+                                                                 [seqs[row] for row in live]))
+    picks = dict(zip(done, chosen or ()))
+    if grammars is not None:
+        picks = grammars.advance(rows, picks)
+    return rows.answer(picks)
+
+
+def _draw_for_step(torch: Any, seq: SequenceState, device: Any) -> None:
+    if seq.request.sampling.do_sample:
+        _state(seq).drawn = _uniform(torch, seq, device)
+
+
+def _choose(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[tuple[int, float]]:
+    """Each row's (token id, log prob), its random number drawn already (``_draw_for_step``)."""
     params = [seq.request.sampling for seq in seqs]
     penalized = [row for row, p in enumerate(params) if p.repetition_penalty != 1.0]
     sampled = [row for row, p in enumerate(params) if p.do_sample]
@@ -227,5 +251,4 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState],
     ids = chosen.tolist()
     for row in penalized:
         seqs[row].sampler_state.seen[ids[row]] = True
-    picks = list(zip(ids, log_probs.tolist()))
-    return grammars.advance(seqs, picks) if grammars is not None else picks
+    return list(zip(ids, log_probs.tolist()))

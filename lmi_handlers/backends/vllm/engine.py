@@ -6,6 +6,13 @@ rolling-batch ``handle`` call) takes what vLLM's engine core produced since the 
 through its ``SequenceState``, so events, stop sequences and bytes are the same as on our engine. A sequence our
 side finishes first (a stop sequence) is aborted in vLLM; a client that goes away aborts its request.
 
+A constrained request is compiled at admission with vLLM's tokenizer and the limits vLLM's own matcher gets
+(``compile_grammar``, ``structured/admission.py``), so that what vLLM cannot follow is a 400 before it runs. What
+vLLM's grammar still fails on while generating ends that request alone as an error, never as a finished answer:
+vLLM ends it with ``finish_reason`` "error" (its matcher refused a token), or, where its matcher fails while
+masking, with end-of-sequence; so a constrained answer that ends at end-of-sequence is checked against its grammar
+(the admission's matcher consumes it) before it is reported finished.
+
 vLLM's engine core cannot recover from a failed step: it stops, and every later call raises. The loop then fails
 every request with a 503 that says so and ends this worker process a moment later, as vLLM's own server exits, so
 that the server (``lmi serve``, DJLServing) starts a fresh one instead of answering errors forever. An engine core
@@ -26,10 +33,12 @@ from typing import Any, Iterator, Sequence
 
 from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
 from ...config import HandlerConfig
-from ...errors import ConfigError, EngineStopped, InvalidRequest, invalid_field, status_of
-from ...events import Event, FinishReason
+from ...engine import fail_alone
+from ...errors import BackendError, ConfigError, EngineStopped, InvalidRequest, SequenceFailed, invalid_field, status_of
+from ...events import Event, FinishReason, GenerationResult
 from ...schemas import Schema
 from ...sequence import SequenceState
+from ...structured.admission import GrammarBudget, GrammarCompiler
 from ...structured.tools import Parser, ToolCalling, ToolOptions
 from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
 from ..hf.tokenizer import HFTokenizer
@@ -91,11 +100,21 @@ class VllmBackend:
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
+        # llguidance's tokenizer as vLLM's guidance backend converts it, with llguidance's default limits (those of
+        # vLLM's own matchers): what passes here is what vLLM's matcher gets.
+        hf = self.tokenizer.hf
+        self.grammars = GrammarCompiler(hf, max(self.vocab_size, len(hf)), hf.eos_token_id,
+                                        GrammarBudget.from_properties(config.properties), library_limits=True)
         # After a step that prefilled only part of a prompt, vLLM rewinds that request's own random generator (one
         # exists only for a request with a seed), and a CPU generator cannot rewind: on vLLM's CPU build the engine
         # stops ("CPU Generator does not use offset"). Prompts are split only with chunked prefill.
         self.seeds_stop_engine = (vllm_config.device_config.device_type == "cpu"
                                   and vllm_config.scheduler_config.enable_chunked_prefill)
+
+    def compile_grammar(self, constraint: Any) -> Any:
+        """``constraint`` checked at admission as vLLM's matcher will run it (``structured/admission.py``); the
+        matcher, which checks an answer that ends at end-of-sequence (``VllmLoop``)."""
+        return self.grammars.compile(constraint)
 
     def make_engine(self) -> "VllmLoop":
         return VllmLoop(self)
@@ -256,19 +275,45 @@ class VllmLoop:
             try:
                 events += seq.append(token_id, log_prob, top)
             except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-                logger.exception("detokenizing sequence %d failed", seq.uid)
-                events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
+                events.append(fail_alone(seq, SequenceFailed("detokenizing", exc)))
             if seq.finished:
                 break
         if not seq.finished and output.finished:
-            # vLLM ended it at a limit of its own (the model length): what was generated is the answer.
-            seq.finished = True
-            events.append(seq.result(FinishReason.LENGTH))
+            events.append(_ended_by_vllm(seq, completion.finish_reason))
+        elif events and isinstance(events[-1], GenerationResult) and events[-1].finish_reason is FinishReason.EOS:
+            events[-1:] = [_checked_end(seq, events[-1])]
         if seq.finished:
             del self.seqs[output.request_id]
             if not output.finished:  # our side stopped it first (a stop sequence)
                 self.llm.abort_request([output.request_id])
         return events
+
+
+def _ended_by_vllm(seq: SequenceState, reason: Any) -> Event:
+    """A sequence vLLM finished before our side did: at a limit of its own (the model length), what was generated is
+    the answer; as an error ("error", "abort": its grammar refused a token, a failure of its own), it fails alone."""
+    seq.finished = True
+    if str(reason) not in ("error", "abort"):
+        return seq.result(FinishReason.LENGTH)
+    constraint = seq.request.constraint
+    cause: Exception = BackendError(f"vLLM ended the request ({reason})")
+    if constraint is not None:
+        cause = InvalidRequest(f"{constraint.field}: vLLM's grammar engine could not follow this constraint while "
+                               "generating", field=constraint.field)
+    return fail_alone(seq, SequenceFailed("vLLM", cause))
+
+
+def _checked_end(seq: SequenceState, result: GenerationResult) -> Event:
+    """``result`` if the constraint (when there is one) accepts the answer; vLLM's matcher ends a request whose
+    grammar failed while masking with end-of-sequence, so an answer that stops short of its grammar fails instead."""
+    matcher, constraint = seq.grammar, seq.request.constraint
+    if matcher is None or constraint is None:
+        return result
+    if matcher.consume_tokens(seq.generated[:-1]) and matcher.is_accepting():  # (the last is end-of-sequence)
+        return result
+    return fail_alone(seq, SequenceFailed("vLLM", InvalidRequest(
+        f"{constraint.field}: vLLM's grammar engine could not follow this constraint: the answer ended before the "
+        "constraint was met", field=constraint.field)))
 
 
 def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
