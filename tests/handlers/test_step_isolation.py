@@ -162,3 +162,51 @@ def test_a_hostile_row_fails_alone_at_each_stage_and_its_neighbours_answer_as_al
         assert answer(loop.bodies[name]) == alone[name], name
         assert SECRET not in loop.bodies[name]
     assert handler.engine.idle and handler.backend.kv.stats()["kv_blocks_used"] == 0
+
+
+def test_a_failure_of_the_whole_step_tells_every_sequence_what_failed_and_quotes_no_request(handler, monkeypatch):
+    from lmi_handlers.backends.hf.backend import PagedRunner
+
+    def broken(self, chunks, last=1):
+        raise RuntimeError(f"device lost while running {SECRET}")
+
+    loop = JavaLoop(handler)
+    for name in ("greedy", "sampled"):
+        loop.submit(name, GOOD[name])
+    loop.step()
+    monkeypatch.setattr(PagedRunner, "_forward", broken)  # every row fails alone too: the model's failure
+    while loop.active:
+        loop.step()
+    assert loop.codes == {"greedy": 424, "sampled": 424}
+    for body in loop.bodies.values():
+        assert body.endswith("generation failed: RuntimeError in the model's step (the server log has the details)")
+        assert SECRET not in body
+
+
+@pytest.mark.parametrize("rolling", [True, False])
+def test_error_text_is_capped_for_the_client_and_the_log(tmp_path, monkeypatch, caplog, rolling):
+    from lmi_handlers.errors import MAX_ERROR_CHARS, MAX_LOG_CHARS
+    from lmi_tools.serving.worker.frontend import request_input
+
+    from .test_handler_contract import JSON, content, loaded as scripted
+
+    handler = scripted(tmp_path, rolling_batch="scheduler" if rolling else "disable")
+    encode = handler.backend.tokenizer.encode
+    monkeypatch.setattr(handler.backend.tokenizer, "encode", lambda text: (
+        (_ for _ in ()).throw(RuntimeError("x" * 1_000_000)) if text == "boom" else encode(text)))
+    if rolling:
+        loop = JavaLoop(handler)
+        loop.submit("boom", {"inputs": "boom"})
+        loop.submit("ok", {"inputs": "ok", "parameters": {"max_new_tokens": 2}})
+        while loop.active:
+            loop.step()
+        errors = [loop.bodies["boom"]]
+        assert loop.codes == {"boom": 424}
+    else:
+        outputs = [handler.handle(request_input(JSON, json.dumps({"inputs": "boom", "stream": stream}).encode()))
+                   for stream in (False, True)]
+        errors = [json.loads(content(output))["error"] for output in outputs]
+        assert [output.code for output in outputs] == [424, 424]
+    assert all(len(error) == MAX_ERROR_CHARS and error.endswith("(cut: 1000014 characters in all)")
+               for error in errors), [len(e) for e in errors]
+    assert all(len(record.getMessage()) < 2 * MAX_LOG_CHARS + 200 for record in caplog.records)
