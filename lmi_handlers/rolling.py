@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
@@ -39,6 +41,17 @@ STATS_PROPERTY = "lmi_engine_stats"
 IDLE_WAIT = 0.05
 #: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
 INLINE_BODY_BYTES = 32 * 1024
+#: How much nicer than the step loop the pool's threads are (Linux keeps a nice value per thread): a long prompt
+#: being tokenized or a grammar being compiled takes the CPU only when the step loop leaves it.
+PREPARE_NICENESS = 10
+
+
+def _yield_to_the_step_loop() -> None:
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + PREPARE_NICENESS))
+    except (AttributeError, OSError):  # not Linux, or not allowed: the threads keep the process's priority
+        pass
 
 
 def _truthy(value: Any) -> bool:
@@ -83,7 +96,8 @@ class RollingBatch:
         self.prepare = prepare
         self.compile_job = compile_job
         self.active: list[_Entry] = []
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare")
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
+                                       initializer=_yield_to_the_step_loop)
 
     def reset(self) -> None:
         self.engine.reset()
