@@ -5,8 +5,8 @@ parsed into typed requests within the configured ``RequestLimits``, each prompt 
 against the model's context, and each gets a ``SequenceState`` and an ``Encoder``; ``compile_grammars`` then
 compiles the grammar of each constrained one for the model, within the grammar budgets (slow work, which the
 rolling batch runs off its step loop). A request that fails before generation, for whatever reason, is a
-``Job.rejected``: it answers with its own error and nothing else is affected. As the engine produces events, ``Job.take``
-returns the text due to the client now - every token for a stream, the whole body at the end
+``Job.rejected``: it answers with its own error and nothing else is affected. As the engine produces events,
+``Job.take`` returns the text due to the client now - every token for a stream, the whole body at the end
 otherwise - so the same object serves a plain call, a stream and a rolling-batch request.
 """
 

@@ -86,9 +86,9 @@ class _Entry:
 
 
 class RollingBatch:
-    """The handler's ordered active list. ``prepare`` (parse, tokenize) and ``compile_job`` (grammars) never raise (a
-    failure is a rejected job); a large body, and any grammar, is prepared on a small thread pool, so a long prompt
-    is tokenized and a grammar compiled while the other requests keep stepping."""
+    """The handler's ordered active list. ``prepare`` (parse, tokenize) and ``compile_job`` (grammars) never raise
+    (a failure is a rejected job); a large body, and any grammar, is prepared on a small thread pool, so a long
+    prompt is tokenized and a grammar compiled while the other requests keep stepping."""
 
     def __init__(self, engine: Any, prepare: Callable[[Any], Job], compile_job: Callable[[Job], Job] = lambda job: job,
                  workers: int = 2):

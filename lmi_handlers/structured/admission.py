@@ -80,8 +80,6 @@ class GrammarCompiler:
 
     def compile(self, constraint: Constraint) -> Any:
         """``constraint``'s matcher, its first mask computed; an ``InvalidRequest`` naming its field otherwise."""
-        import llguidance
-
         field = constraint.field
         if len(constraint.spec) > self.budget.max_chars:
             raise InvalidRequest(f"{field}: the constraint is {len(constraint.spec):,} characters; this server "
@@ -92,6 +90,8 @@ class GrammarCompiler:
                 raise InvalidRequest(f"{field}: no JSON value satisfies this schema: every value of {loop} requires "
                                      "another inside it, without end (a loop of required $refs)", field=field)
         tokenizer = self.tokenizer()
+        import llguidance
+
         began = time.monotonic()
         limits = llguidance.LLParserLimits(verbose_errors=False, **(
             {} if self._library_limits else {"step_lexer_fuel": self.budget.step_fuel}))

@@ -89,7 +89,7 @@ class GrammarMasks(GrammarCompiler):
                 out[row] = [picks[row], (self.eos, 0.0)]
 
         rows.each("grammar", lambda row: consume(row) if row in picks else None)
-        return {row: pick for row, pick in out.items() if row not in rows.failed}
+        return out
 
 
 def _check(seq: SequenceState, matcher: Any) -> None:

@@ -48,7 +48,8 @@ def handler(tiny_rolling_handler):
 
 
 GOOD = {"a": {"inputs": "The quick brown fox", "parameters": {"max_new_tokens": 6}},
-        "b": {"inputs": "My number is", "stream": True, "parameters": {"max_new_tokens": 6, "guided_regex": "[0-9]{4}"}}}
+        "b": {"inputs": "My number is", "stream": True,
+              "parameters": {"max_new_tokens": 6, "guided_regex": "[0-9]{4}"}}}
 CHOICES = [f"SECRET-TOKEN-12345-{i:06d}" for i in range(40_000)]  # 1 MB
 
 
