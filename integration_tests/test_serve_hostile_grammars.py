@@ -23,7 +23,7 @@ LOOP = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/
                   "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}},
         "$ref": "#/$defs/a"}
 HOSTILE = {
-    "guided_choice": {"guided_choice": [f"{SECRET}-{i:06d}" for i in range(40_000)]},
+    "guided_choice": {"guided_choice": [f"{SECRET}-{i:06d}" for i in range(4_000)]},
     "guided_json": {"guided_json": {**LOOP, "description": SECRET}},
     "guided_regex": {"guided_regex": f"[^\\x00-\\x{{10FFFF}}]{SECRET}"},
 }

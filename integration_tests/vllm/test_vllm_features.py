@@ -227,7 +227,7 @@ CHOICES = [f"c{i}" for i in range(10_000)]
 #: (field, parameters): what vLLM's grammar engine cannot follow, or no text satisfies.
 HOSTILE = [("guided_regex", {"guided_regex": "(a{1000}){1000}"}), ("guided_json", {"guided_json": LOOP}),
            ("guided_regex", {"guided_regex": "[^\\x00-\\x{10FFFF}]"}),
-           ("guided_choice", {"guided_choice": [f"SECRET-TOKEN-12345-{i:06d}" for i in range(40_000)]})]
+           ("guided_choice", {"guided_choice": [f"SECRET-TOKEN-12345-{i:06d}" for i in range(4_000)]})]
 
 
 def test_hostile_grammars_get_their_own_400_and_their_neighbours_answer_as_alone(server, oai):

@@ -5,7 +5,8 @@ for the model's tokenizer, within ``GrammarBudget`` (options, docs/serving.md), 
 in the shared step (``rolling.py``), and refuses with a 400 naming the client's field a constraint that is:
 
 * too large: more than ``option.max_grammar_chars`` characters (the schema as compact JSON, the regex, the
-  choices as a JSON list);
+  choices as the one alternation they are compiled as), or a regex whose counted repetitions multiply out to more
+  (``(a{1000}){1000}`` is a million: its lexer would spend seconds, then give up);
 * unsatisfiable: no JSON value satisfies the schema (its required ``$ref``s loop without end: a -> b -> a), or no
   text satisfies the grammar at all (the empty class ``[^\\x00-\\x{10FFFF}]``);
 * empty: the only answer it allows is the empty string;
@@ -23,6 +24,7 @@ with its own grammar, and nobody reads anyone's grammar back.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass
@@ -81,9 +83,15 @@ class GrammarCompiler:
     def compile(self, constraint: Constraint) -> Any:
         """``constraint``'s matcher, its first mask computed; an ``InvalidRequest`` naming its field otherwise."""
         field = constraint.field
-        if len(constraint.spec) > self.budget.max_chars:
-            raise InvalidRequest(f"{field}: the constraint is {len(constraint.spec):,} characters; this server "
-                                 f"accepts at most {self.budget.max_chars:,} (option.max_grammar_chars)", field=field)
+        size = len(constraint.spec if constraint.kind == "json" else constraint.regex)
+        if size > self.budget.max_chars:
+            raise InvalidRequest(f"{field}: the constraint is {size:,} characters; this server accepts at most "
+                                 f"{self.budget.max_chars:,} (option.max_grammar_chars)", field=field)
+        expanded = expanded_length(constraint.regex) if constraint.kind != "json" else 0
+        if expanded > self.budget.max_chars:
+            raise InvalidRequest(f"{field}: the regex's repetitions multiply out to {expanded:,} characters; this "
+                                 f"server accepts at most {self.budget.max_chars:,} (option.max_grammar_chars)",
+                                 field=field)
         if constraint.kind == "json":
             loop = endless_ref(constraint.schema)
             if loop is not None:
@@ -127,6 +135,63 @@ def refusal(error: str) -> str:
     if any(word in reason for word in ("fuel", "too many", "too big", "limit")):
         return f"the constraint is too complex to compile within the grammar library's limits ({reason})"
     return f"cannot be compiled into a grammar: {reason}"
+
+
+_COUNTED = re.compile(r"\{(\d+)(,(\d*))?\}")
+
+
+def expanded_length(regex: str) -> int:
+    """How long ``regex`` is with its counted repetitions multiplied out: an escape or a class counts one, a group
+    what is inside it, ``x{m,n}`` ``n`` times ``x`` (``m`` times when open-ended). The size a regex engine compiles
+    it to grows with this; llguidance's lexer builds it lazily, but explores it as it masks."""
+    frames = [[0, 0]]  # per open group: [its length so far, the length of its last item]
+    at = 0
+    while at < len(regex):
+        char, item = regex[at], 1
+        counted = _COUNTED.match(regex, at) if char == "{" else None
+        if counted is not None:
+            low, comma, high = counted.groups()
+            times = int(high) if high else int(low)
+            frame = frames[-1]
+            frame[0] += frame[1] * (times - 1)
+            frame[1] *= times
+            at = counted.end()
+            continue
+        if char == "\\":
+            brace = regex[at + 2:at + 3] == "{" and regex[at + 1:at + 2] in "xupP"
+            at = (regex.find("}", at) + 1 or len(regex)) if brace else at + 2
+        elif char == "[":
+            at = _class_end(regex, at)
+        elif char == "(":
+            frames.append([0, 0])
+            at += 1
+            continue
+        elif char == ")" and len(frames) > 1:
+            item = frames.pop()[0]
+            at += 1
+        else:
+            at += 1
+        frames[-1][0] += item
+        frames[-1][1] = item
+    return sum(frame[0] for frame in frames)
+
+
+def _class_end(regex: str, at: int) -> int:
+    """Just past the character class opening at ``at`` (nested classes and escapes included)."""
+    depth = 0
+    while at < len(regex):
+        char = regex[at]
+        if char == "\\":
+            at += 2
+            continue
+        if char == "[":
+            depth += 1
+        elif char == "]" and depth > 0:
+            depth -= 1
+            if depth == 0:
+                return at + 1
+        at += 1
+    return at
 
 
 def endless_ref(schema: Any) -> str | None:

@@ -53,17 +53,22 @@ def handler(tiny_rolling_handler):
     return tiny_rolling_handler
 
 
-@pytest.fixture(scope="module")
-def alone(handler):
-    """Each good request's answer, run alone."""
+def answers_alone(handler, requests):
+    """Each of ``requests`` (by name) answered alone, as ``answer`` reads it."""
     answers = {}
-    for name, payload in GOOD.items():
+    for name, payload in requests.items():
         loop = JavaLoop(handler)
         loop.submit(name, payload)
         while loop.active:
             loop.step()
         assert name not in loop.codes, loop.bodies[name]
         answers[name] = answer(loop.bodies[name])
+    return answers
+
+
+@pytest.fixture(scope="module")
+def alone(handler):
+    answers = answers_alone(handler, GOOD)
     json.loads(answers["json"])  # (the chat answer: valid whatever the model)
     return answers
 
