@@ -83,21 +83,8 @@ class GrammarCompiler:
 
     def compile(self, constraint: Constraint) -> Any:
         """``constraint``'s matcher, its first mask computed; an ``InvalidRequest`` naming its field otherwise."""
+        self.check_text(constraint)
         field = constraint.field
-        size = len(constraint.spec if constraint.kind == "json" else constraint.regex)
-        if size > self.budget.max_chars:
-            raise InvalidRequest(f"{field}: the constraint is {size:,} characters; this server accepts at most "
-                                 f"{self.budget.max_chars:,} (option.max_grammar_chars)", field=field)
-        expanded = expanded_length(constraint.regex) if constraint.kind != "json" else 0
-        if expanded > self.budget.max_chars:
-            raise InvalidRequest(f"{field}: the regex's repetitions multiply out to {expanded:,} characters; this "
-                                 f"server accepts at most {self.budget.max_chars:,} (option.max_grammar_chars)",
-                                 field=field)
-        if constraint.kind == "json":
-            loop = endless_ref(constraint.schema)
-            if loop is not None:
-                raise InvalidRequest(f"{field}: no JSON value satisfies this schema: every value of {loop} requires "
-                                     "another inside it, without end (a loop of required $refs)", field=field)
         tokenizer = self.tokenizer()
         import llguidance
 
@@ -115,6 +102,25 @@ class GrammarCompiler:
             raise InvalidRequest(f"{field}: the constraint is too slow to compile: it took {took:,.0f} ms of CPU, more "
                                  f"than {self.budget.compile_ms:,} ms (option.max_grammar_compile_ms)", field=field)
         return matcher
+
+    def check_text(self, constraint: Constraint) -> None:
+        """What the constraint's text alone shows: too large, or (a schema) a loop of required ``$ref``s."""
+        field = constraint.field
+        size = len(constraint.spec if constraint.kind == "json" else constraint.regex)
+        if size > self.budget.max_chars:
+            raise InvalidRequest(f"{field}: the constraint is {size:,} characters; this server accepts at most "
+                                 f"{self.budget.max_chars:,} (option.max_grammar_chars)", field=field)
+        if constraint.kind != "json":
+            expanded = expanded_length(constraint.regex)
+            if expanded > self.budget.max_chars:
+                raise InvalidRequest(f"{field}: the regex's repetitions multiply out to {expanded:,} characters; this "
+                                     f"server accepts at most {self.budget.max_chars:,} (option.max_grammar_chars)",
+                                     field=field)
+            return
+        loop = endless_ref(constraint.schema)
+        if loop is not None:
+            raise InvalidRequest(f"{field}: no JSON value satisfies this schema: every value of {loop} requires "
+                                 "another inside it, without end (a loop of required $refs)", field=field)
 
     def first_mask(self, matcher: Any) -> bool:
         """Computes the matcher's first mask; whether it allows any token but end-of-sequence."""

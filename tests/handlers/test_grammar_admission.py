@@ -9,7 +9,8 @@ import threading
 import pytest
 
 from lmi_handlers.errors import InvalidRequest
-from lmi_handlers.structured.admission import GrammarBudget, GrammarCompiler, endless_ref, expanded_length
+from lmi_handlers.config import HANDLER_KEYS
+from lmi_handlers.structured.admission import KEYS, GrammarBudget, GrammarCompiler, endless_ref, expanded_length
 from lmi_handlers.structured.constraint import Constraint
 
 from .test_handler_contract import JavaLoop
@@ -123,6 +124,7 @@ def test_the_budgets_are_options_and_a_compilation_over_its_time_is_refused(tiny
 
     assert GrammarBudget.from_properties({"max_grammar_chars": "100", "max_grammar_compile_ms": "50",
                                           "max_grammar_step_fuel": "5000"}) == GrammarBudget(100, 50, 5000)
+    assert set(KEYS) <= HANDLER_KEYS  # known options: no unknown-key warning
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     hurried = GrammarCompiler(tokenizer, len(tokenizer), tokenizer.eos_token_id, GrammarBudget(compile_ms=0))
     with pytest.raises(InvalidRequest, match=r"f: the constraint is too slow to compile: it took .* ms of CPU, more "
