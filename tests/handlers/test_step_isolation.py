@@ -108,13 +108,17 @@ def hostile_prompt(seqs):
     return any(SECRET in (seq.request.prompt or "") for seq in seqs)
 
 
+def fail(error):
+    raise error
+
+
 def inject(stage, handler, monkeypatch):
     if stage in ("mask", "advance"):
         wrap_matchers(handler, monkeypatch, **{"compute" if stage == "mask" else "consume": 3})
     elif stage == "draw":
         uniform = sampler._uniform
         monkeypatch.setattr(sampler, "_uniform", lambda torch, seq, device: (
-            (_ for _ in ()).throw(OverflowError(f"seed out of range for {seq.request.prompt}"))
+            fail(OverflowError(f"seed out of range for {seq.request.prompt}"))
             if hostile_prompt([seq]) else uniform(torch, seq, device)))
     elif stage == "selection":
         choose = sampler._choose
@@ -127,13 +131,13 @@ def inject(stage, handler, monkeypatch):
     elif stage == "stop":
         feed = StopMatcher.feed
         monkeypatch.setattr(StopMatcher, "feed", lambda self, text: (
-            (_ for _ in ()).throw(ValueError(f"stop check failed on {self._stops}")) if SECRET in self._stops
+            fail(ValueError(f"stop check failed on {self._stops}")) if SECRET in self._stops
             else feed(self, text)))
     elif stage == "detokenize":
         add = IncrementalDetokenizer.add
         decode = handler.backend.tokenizer.decode
         monkeypatch.setattr(IncrementalDetokenizer, "add", lambda self, token: (
-            (_ for _ in ()).throw(UnicodeDecodeError("utf-8", SECRET.encode(), 0, 1, "bad bytes"))
+            fail(UnicodeDecodeError("utf-8", SECRET.encode(), 0, 1, "bad bytes"))
             if "12345" in decode(self._ids) else add(self, token)))
     elif stage == "adapter":
         modules = handler.adapters.get("broken").weights.modules  # one factor loses a column: its product fails
@@ -198,7 +202,7 @@ def test_error_text_is_capped_for_the_client_and_the_log(tmp_path, monkeypatch, 
     handler = scripted(tmp_path, rolling_batch="scheduler" if rolling else "disable")
     encode = handler.backend.tokenizer.encode
     monkeypatch.setattr(handler.backend.tokenizer, "encode", lambda text: (
-        (_ for _ in ()).throw(RuntimeError("x" * 1_000_000)) if text == "boom" else encode(text)))
+        fail(RuntimeError("x" * 1_000_000)) if text == "boom" else encode(text)))
     if rolling:
         loop = JavaLoop(handler)
         loop.submit("boom", {"inputs": "boom"})
