@@ -8,9 +8,10 @@ body. The answer has exactly N items, in order, each ``binary_encode({"data", "l
 Finished requests leave the list (Java drops them too), so both sides stay in step.
 ``reset_rollingbatch`` (sent after a failed step) clears everything.
 
-A new request whose body is large is parsed and tokenized on a thread while the others keep stepping, and so is
-the grammar of a constrained one compiled (``job.compile_grammars``: it may take up to the grammar budget's
-time); until its job is ready its items are empty (Java skips empty data). A request that fails to parse,
+A new request whose body is large is parsed and tokenized on a thread while the others keep stepping, and so is a
+burst's beyond its first ``INLINE_REQUESTS``, and so is the grammar of a constrained one compiled
+(``job.compile_grammars``: it may take up to the grammar budget's time); until its job is ready its items are empty
+(Java skips empty data). A request that fails to parse,
 tokenize, compile, decode or encode ends alone, with its own status.
 
 Two extensions of our local server's: it marks a request whose client disconnected with the property
@@ -41,6 +42,8 @@ STATS_PROPERTY = "lmi_engine_stats"
 IDLE_WAIT = 0.05
 #: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
 INLINE_BODY_BYTES = 32 * 1024
+#: New requests prepared within one step: the rest of a burst (a hundred arriving at once) goes to the pool too.
+INLINE_REQUESTS = 16
 #: How much nicer than the step loop the pool's threads are (Linux keeps a nice value per thread): a long prompt
 #: being tokenized or a grammar being compiled takes the CPU only when the step loop leaves it.
 PREPARE_NICENESS = 10
@@ -111,8 +114,8 @@ class RollingBatch:
             known = len(self.active)
             self.reset()
             raise BackendError(f"rolling batch out of step: {len(items)} requests sent but {known} were active")
-        for item in items[len(self.active):]:
-            self.active.append(_Entry(self._submit(item)))
+        for n, item in enumerate(items[len(self.active):]):
+            self.active.append(_Entry(self._submit(item, inline=n < INLINE_REQUESTS)))
         for entry, item in zip(self.active, items):
             if not entry.done and _truthy(item.get_property(CANCEL_PROPERTY)):
                 for seq in entry.job.seqs if entry.job is not None else ():
@@ -128,8 +131,8 @@ class RollingBatch:
         self.active = [entry for entry in self.active if not entry.done]
         return output
 
-    def _submit(self, item: Any) -> Future[Job]:
-        if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
+    def _submit(self, item: Any, inline: bool) -> Future[Job]:
+        if not inline or len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
             return self.pool.submit(lambda: self.compile_job(self.prepare(item)))
         job = self.prepare(item)
         if job.compiles:
