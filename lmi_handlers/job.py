@@ -18,20 +18,27 @@ from typing import Any, Mapping
 
 from .adapters import Adapters, requested_adapters
 from .backends.base import Backend
-from .config import HandlerConfig
+from .deployment import Deployment
 from .encoding import Encoder, choose_format, dumps, error_object
 from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
 from .request import GenerationRequest, Payload, Schema, decode_body, parse_payload
+from .schemas import MAX_SEED
 from .sequence import SequenceState
 from .structured import tools as tool_calling
+from .structured.reasoning import Reasoning
 
 
 class Job:
-    def __init__(self, payload: Payload, seqs: list[SequenceState], encoders: list[Encoder]):
+    """One request's sequences and encoders: one encoder per prompt, one sequence per choice of each (``n``);
+    ``choices`` gives each sequence's (encoder, choice index), by default one sequence per encoder."""
+
+    def __init__(self, payload: Payload, seqs: list[SequenceState], encoders: list[Encoder],
+                 choices: list[tuple[int, int]] | None = None):
         self.payload = payload
         self.seqs = seqs
         self.encoders = encoders
+        self.choices = choices if choices is not None else [(i, 0) for i in range(len(seqs))]
         self.results: dict[int, GenerationResult] = {}
         self.error: ErrorEvent | None = None
 
@@ -66,7 +73,7 @@ class Job:
     def take(self, events: Mapping[int, list[Event]]) -> str:
         """The text due now for this step's events (those of other jobs are ignored)."""
         out = []
-        for seq, encoder in zip(self.seqs, self.encoders):
+        for seq, (encoder, index) in zip(self.seqs, self.choices):
             mine = events.get(seq.uid)
             if not mine or self.error is not None:
                 continue
@@ -76,9 +83,10 @@ class Job:
                 elif isinstance(event, ErrorEvent):
                     self.error = event
             if not self.payload.many:
-                out.append(encoder.encode(mine))
+                out.append(self.encoders[encoder].encode(mine, index))
         if self.payload.many and self.done and self.error is None:
-            results = [enc.result_object(self.results[seq.uid]) for seq, enc in zip(self.seqs, self.encoders)]
+            results = [enc.result_object(*[self.results[seq.uid] for seq, (owner, _) in zip(self.seqs, self.choices)
+                                           if owner == i]) for i, enc in enumerate(self.encoders)]
             legacy = self.payload.requests[0].schema is Schema.LEGACY
             out.append(dumps({"outputs": results} if legacy else results))
         return "".join(out)
@@ -88,10 +96,12 @@ class Job:
         return dumps(error_object(self.error.code, self.error.message))
 
 
-def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
-                adapters: Adapters | None = None) -> Job:
-    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
-    for an adapter ``adapters`` does not hold)."""
+def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed: Any = None,
+                adapters: Adapters | None = None, reasoning: Reasoning | None = None) -> Job:
+    """Parse, validate and tokenize one request item with the deployment's settings; raises ``InvalidRequest`` for
+    bad input (``AdapterNotFound`` for an adapter ``adapters`` does not hold). ``reasoning``: the model's reasoning
+    convention, read apart in chat answers."""
+    config = deployment.config
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
@@ -106,23 +116,33 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     chosen = adapters.for_inputs(named, len(payload.requests)) if adapters is not None else [None] * len(
         payload.requests)
     accept = item.get_property("Accept")
-    seqs, encoders = [], []
+    seqs, encoders, choices = [], [], []
     for request, adapter in zip(payload.requests, chosen):
-        request = _structured(request, config, backend)
+        request = _structured(request, deployment.tools, backend)
         _check_supported(request, backend)
         prompt_text, prompt_ids = _tokenize(request, backend)
+        if reasoning is not None and request.schema is Schema.CHAT:
+            request = _reasoning(request, reasoning.for_prompt(prompt_text), backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
         if seed is None and request.sampling.do_sample:
             seed = _seed(server_seed)
-        seqs.append(SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
-                                  eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
-                                  max_new_tokens=max_new, seed=seed))
-        seqs[-1].adapter = adapter
+        first = None
+        for index in range(request.n):
+            # Choice i samples with seed + i, as vLLM seeds a request's n children: each its own answer, and a
+            # seeded request's choices the same every time.
+            seq = SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
+                                eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
+                                max_new_tokens=max_new, seed=None if seed is None else (seed + index) & MAX_SEED)
+            seq.adapter, seq.fork_of = adapter, first  # the others share the first choice's prompt blocks
+            if first is None:
+                first = seq
+            seqs.append(seq)
+            choices.append((len(encoders), index))
         fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat,
                             rolling=config.rolling and not payload.many)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
-    return Job(payload, seqs, encoders)
+    return Job(payload, seqs, encoders, choices)
 
 
 def compile_grammars(job: Job, backend: Backend) -> Job:
@@ -142,7 +162,7 @@ def compile_grammars(job: Job, backend: Backend) -> Job:
     return job
 
 
-def _structured(request: GenerationRequest, config: HandlerConfig, backend: Backend) -> GenerationRequest:
+def _structured(request: GenerationRequest, options: tool_calling.ToolOptions, backend: Backend) -> GenerationRequest:
     """``request`` with the server's tool-call parser; a 400 for a constraint this backend cannot enforce."""
     if request.constraint is not None and not getattr(backend, "structured_output", False):
         field = request.constraint.field
@@ -151,20 +171,34 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
     if request.tools is None:
         return request
     # A backend with tool-call parsers of its own (vllm: vLLM's) reads an ``auto`` answer with them.
-    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties),
-                                 getattr(backend, "tool_call_parser", tool_calling.parser))
+    tools = tool_calling.resolve(request.tools, options, getattr(backend, "tool_call_parser", tool_calling.parser))
     return dataclasses.replace(request, tools=tools)
+
+
+def _reasoning(request: GenerationRequest, reasoning: Reasoning, backend: Backend) -> GenerationRequest:
+    """``request`` reading its answer's reasoning apart; its constraint (a schema, a forced tool call) starts after
+    the reasoning, unless the backend's own structured output waits for it (vllm: ``reasoning_parser``)."""
+    constraint = request.constraint
+    if constraint is not None and not getattr(backend, "reasoning_aware", False):
+        constraint = dataclasses.replace(constraint, lead=reasoning.lead())
+    return dataclasses.replace(request, reasoning=reasoning, constraint=constraint)
 
 
 def _check_supported(request: GenerationRequest, backend: Backend) -> None:
     """Refuse the sampling fields this backend does not honour (``Backend.request_fields``), naming the field as the
-    client wrote it, rather than answer as if it had been applied."""
+    client wrote it, rather than answer as if it had been applied; and a logit bias on an id outside the model's
+    vocabulary (``Backend.vocab_size``), which would otherwise fail the whole batch's step."""
+    prefix = "" if request.schema is Schema.CHAT else "parameters."
     honoured = getattr(backend, "request_fields", frozenset())
     for name, value in request.sampling.extras().items():
         if name not in honoured:
-            field = name if request.schema is Schema.CHAT else f"parameters.{name}"
-            raise invalid_field(field, value, f"not supported by the {backend.name} backend (the vllm backend, "
-                                "option.rolling_batch=vllm, supports it); omit it")
+            raise invalid_field(prefix + name, value, f"not supported by the {backend.name} backend (the hf and "
+                                "vllm backends support it); omit it")
+    vocab = getattr(backend, "vocab_size", None)
+    outside = [token for token, _ in request.sampling.logit_bias or () if vocab is not None and token >= vocab]
+    if outside:
+        raise InvalidRequest(f"{prefix}logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 "
+                             f"to {vocab - 1})", field=f"{prefix}logit_bias", value=outside[0])
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:
@@ -190,8 +224,7 @@ def _token_budget(request: GenerationRequest, prompt_tokens: int, limit: int) ->
     else:
         max_new = request.stopping.max_new_tokens
     if prompt_tokens + max_new > limit:
-        budget = "max_tokens" if request.schema is Schema.CHAT else (
-            "seq_length" if request.schema is Schema.LEGACY else "parameters.max_new_tokens")
+        budget = "seq_length" if request.schema is Schema.LEGACY else request.budget_field
         raise InvalidRequest(f"{budget}: the prompt is {prompt_tokens} tokens and {max_new} new tokens were asked "
                              f"for, {prompt_tokens + max_new} in all; this model holds at most {limit}. "
                              f"Ask for at most {limit - prompt_tokens} new tokens.", field=budget, value=max_new)
@@ -202,7 +235,7 @@ def _seed(server_seed: Any) -> int:
     """The server's per-request seed (rolling batch sends one), else a random one."""
     if server_seed is not None:
         try:
-            return int(server_seed) & (2**63 - 1)
+            return int(server_seed) & MAX_SEED
         except (TypeError, ValueError):
             pass
     return int.from_bytes(os.urandom(7), "big")

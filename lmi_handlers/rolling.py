@@ -49,6 +49,13 @@ INLINE_REQUESTS = 16
 PREPARE_NICENESS = 10
 
 
+def preparation_pool(workers: int = 2) -> ThreadPoolExecutor:
+    """The threads requests are prepared on (parsed, tokenized, their grammars compiled) beside the step loop, each
+    ``PREPARE_NICENESS`` nicer than it (the rolling batch's, and the async path's)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
+                              initializer=_yield_to_the_step_loop)
+
+
 def _yield_to_the_step_loop() -> None:
     try:
         base = os.getpriority(os.PRIO_PROCESS, 0)
@@ -99,8 +106,7 @@ class RollingBatch:
         self.prepare = prepare
         self.compile_job = compile_job
         self.active: list[_Entry] = []
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
-                                       initializer=_yield_to_the_step_loop)
+        self.pool = preparation_pool(workers)
 
     def reset(self) -> None:
         self.engine.reset()

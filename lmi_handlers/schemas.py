@@ -20,12 +20,16 @@ from .errors import invalid_field
 
 if TYPE_CHECKING:
     from .structured.constraint import Constraint
+    from .structured.reasoning import Reasoning
     from .structured.tools import ToolCalling
 
 MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
 MAX_LOGIT_BIAS = 300
 MAX_TOP_LOGPROBS = 20
+#: The most choices one request may ask for (``n``): OpenAI's own limit (vLLM's default allows 16,384).
+MAX_CHOICES = 128
+MAX_TEMPERATURE = 2.0
 
 
 @dataclass(frozen=True)
@@ -123,8 +127,9 @@ class SamplingParams:
 
     #: Sample from the distribution (true) or take the most likely token (false: greedy decoding).
     do_sample: bool = ruled(False, Rule(bool))
-    #: Divides the logits before sampling; 0 means greedy decoding whatever ``do_sample`` says.
-    temperature: float = ruled(1.0, Rule(float, low=0))
+    #: Divides the logits before sampling; 0 means greedy decoding whatever ``do_sample`` says. At most 2 on every
+    #: schema and engine: OpenAI's range, and what vLLM's ``SamplingParams`` accepts.
+    temperature: float = ruled(1.0, Rule(float, low=0, high=MAX_TEMPERATURE))
     #: Sample only among the k most likely tokens; 0 turns the filter off.
     top_k: int = ruled(0, Rule(int, low=0))
     #: Sample only among the most likely tokens whose probabilities add up to p; 1 turns the filter off.
@@ -133,8 +138,8 @@ class SamplingParams:
     repetition_penalty: float = ruled(1.0, Rule(float, low=0, low_open=True))
     #: Seeds the request's own random generator, so that the same seed samples the same tokens.
     seed: int | None = ruled(None, Rule(int, low=0, high=MAX_SEED))
-    # The fields below are honoured by the backends that list them in ``request_fields`` (vllm); the others
-    # refuse a request that sets one (``job.py``). None, or the value that means "off", is "not set".
+    # The fields below are honoured by the backends that list them in ``request_fields`` (hf, neuronx, vllm); the
+    # others refuse a request that sets one (``job.py``). None, or the value that means "off", is "not set".
     #: Drop tokens whose probability is below min_p times the most likely token's.
     min_p: float | None = ruled(None, Rule(float, low=0, high=1))
     #: Subtracted from the logit of every token already generated (OpenAI's meaning), in [-2, 2].
@@ -194,6 +199,8 @@ class GenerationRequest:
     prompt: str
     sampling: SamplingParams
     stopping: StoppingParams
+    #: How many answers (choices) to generate for the prompt, each its own sampled sequence.
+    n: int = ruled(1, Rule(int, low=1, high=MAX_CHOICES))
     #: Send tokens as they are generated.
     stream: bool = ruled(False, Rule(bool))
     #: Per-token ids, texts and log probabilities (``logprobs`` in the chat schema).
@@ -212,6 +219,11 @@ class GenerationRequest:
     constraint: Constraint | None = None
     #: Chat tool calling: the tools, ``tool_choice`` and how calls are read back (``structured/tools.py``).
     tools: ToolCalling | None = None
+    #: The token budget's name as the client wrote it (``max_tokens`` or ``max_completion_tokens`` on chat), for
+    #: errors found once the prompt is tokenized.
+    budget_field: str = "parameters.max_new_tokens"
+    #: A reasoning model's convention (``option.reasoning_parser``): chat answers carry the reasoning apart.
+    reasoning: Reasoning | None = None
 
 
 @dataclass(frozen=True)

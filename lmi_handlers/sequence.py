@@ -43,6 +43,8 @@ class SequenceState:
         self.speculation: tuple[int, int] | None = None
         #: The LoRA adapter this sequence runs with (``adapters.Adapter``), None for the base model.
         self.adapter: Any = None
+        #: Another choice of the same request (``n`` > 1) whose prompt's KV blocks this one shares, if it can.
+        self.fork_of: SequenceState | None = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._decode = decode
@@ -98,7 +100,8 @@ class SequenceState:
 
     def result(self, reason: FinishReason) -> GenerationResult:
         return GenerationResult(self.text, reason, len(self.generated), len(self.prompt_ids),
-                                tuple(self.tokens), self.seed, self.speculation)
+                                tuple(self.tokens), self.seed, self.speculation,
+                                self._stops.matched if reason is FinishReason.STOP else None)
 
     def fail(self, code: int, message: str) -> ErrorEvent:
         self.finished = True

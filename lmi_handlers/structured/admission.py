@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..config import parse_int
+from ..values import parse_int
 from ..errors import InvalidRequest
 from .constraint import INSTALL, Constraint
 

@@ -210,12 +210,9 @@ def test_one_sequences_own_failure_ends_it_alone_and_the_others_answer_as_genera
 def test_without_transformers_neuronx_the_backend_says_so_before_any_download():
     import importlib.util
 
-    from lmi_handlers.backends import load_backend
-    from lmi_handlers.config import HandlerConfig
+    from lmi_handlers.deployment import resolve
     from lmi_handlers.errors import ConfigError
 
     assert importlib.util.find_spec("transformers_neuronx") is None  # no stand-in on the path in this test
-    config = HandlerConfig.from_properties({"backend": "neuronx", "model_id": "meta-llama/Meta-Llama-3-8B",
-                                            "model_dir": "/nowhere"})
     with pytest.raises(ConfigError, match="needs transformers-neuronx.*option.backend=hf"):
-        load_backend(config)
+        resolve({"backend": "neuronx", "model_id": "meta-llama/Meta-Llama-3-8B", "model_dir": "/nowhere"})

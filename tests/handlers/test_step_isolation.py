@@ -29,6 +29,11 @@ GOOD = {
     "json": {"messages": [{"role": "user", "content": "A number as JSON"}], "max_tokens": 12, "temperature": 0,
              "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": NUMBER}}},
     "adapted": {"inputs": "The quick brown fox", "adapters": "good", "parameters": {"max_new_tokens": 8}},
+    # n seeded choices with penalties and top log probabilities: a selection run again row by row draws, counts and
+    # ranks nothing twice
+    "choices": {"messages": [{"role": "user", "content": "Say something"}], "max_tokens": 8, "n": 2,
+                "temperature": 0.8, "seed": 3, "presence_penalty": 0.5, "frequency_penalty": 0.3,
+                "repetition_penalty": 1.2, "logprobs": True, "top_logprobs": 2},
 }
 #: The hostile request of each stage: its own secret in its prompt, its grammar or its stop sequences.
 HOSTILE = {
@@ -45,7 +50,7 @@ HOSTILE = {
 def answer(body):
     """The body without what differs from run to run (a chat answer's id and time) or batch to batch (a log
     probability's last digits): its text."""
-    return re.sub(r'"(id|created)":[^,]+,|"log_prob":[-0-9.e]+', "", body)
+    return re.sub(r'"(id|created)":[^,]+,|"(log_prob|logprob)":[-0-9.e]+', "", body)
 
 
 @pytest.fixture(scope="module")
@@ -124,9 +129,10 @@ def inject(stage, handler, monkeypatch):
         choose = sampler._choose
 
         def fails_with_the_hostile_row(torch, logits, seqs):
+            picks = choose(torch, logits, seqs)  # at its end, once every row has drawn
             if hostile_prompt(seqs):  # the batched selection fails: nothing says which row was at fault
                 raise RuntimeError(f"probability tensor contains nan ({SECRET} row)")
-            return choose(torch, logits, seqs)
+            return picks
         monkeypatch.setattr(sampler, "_choose", fails_with_the_hostile_row)
     elif stage == "stop":
         feed = StopMatcher.feed

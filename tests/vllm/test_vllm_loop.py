@@ -45,8 +45,10 @@ def loop_over(engine, seeds_stop_engine=False):
 
 
 def sequence(uid, body):
-    seq = SequenceState(parse_payload(body, 30).requests[0], [5, 6, 7], decode=lambda ids: "", eos_ids=(2,),
-                        seed=1234)
+    request = parse_payload(body, 30).requests[0]
+    # As job.py seeds it: the client's own seed, else one the server drew
+    seed = request.sampling.seed if request.sampling.seed is not None else 1234
+    seq = SequenceState(request, [5, 6, 7], decode=lambda ids: "", eos_ids=(2,), seed=seed)
     seq.uid = uid
     return seq
 
@@ -157,3 +159,22 @@ def test_a_constrained_answer_that_ends_short_of_its_grammar_fails(accepting, la
     else:
         assert isinstance(events[-1], ErrorEvent) and events[-1].code == 400
         assert "the answer ended before the constraint was met" in events[-1].message
+
+
+@pytest.mark.parametrize("prompt, tokens, checked", [
+    ([5, 6, 7], [30, 50, 31, 40, 2], [[40]]),  # the grammar starts after the answer's end of reasoning
+    ([5, 30, 31], [40, 2], [[40]]),  # the prompt closed the reasoning: the grammar holds from the start
+    ([5, 6, 7], [30, 50, 2], []),  # the reasoning never ended: vLLM's grammar never began, nothing to check
+])
+def test_with_a_reasoning_parser_the_end_is_checked_where_vllms_grammar_starts(prompt, tokens, checked):
+    import dataclasses
+
+    from lmi_handlers.structured.reasoning import Reasoning
+
+    consumed = []
+    matcher = SimpleNamespace(consume_tokens=lambda ids: consumed.append(ids) or True, is_accepting=lambda: True)
+    seq = constrained(5, matcher)
+    seq.prompt_ids = prompt
+    seq.request = dataclasses.replace(seq.request, reasoning=Reasoning("qwen3", "<think>", "</think>", 30, 31, False))
+    events = run_one(Finishing(tokens, "stop"), seq)
+    assert consumed == checked and events[-1].finish_reason.value == "eos_token"

@@ -12,8 +12,12 @@ Structured output and LoRA adapters arrive as ready-made vLLM objects (``structu
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any, Collection, Sequence
 
+from ...engine import fail_alone
+from ...errors import BackendError, InvalidRequest, SequenceFailed, invalid_field
+from ...events import Event, FinishReason, GenerationResult
+from ...schemas import Schema
 from ...sequence import SequenceState
 
 #: Request fields this backend honours beyond the ones every backend does (``schemas.OFF_VALUES`` names them).
@@ -43,10 +47,11 @@ def vllm_request(seq: SequenceState, eos_ids: Collection[int], *, structured_out
     if not stopping.ignore_eos and eos_ids:
         kwargs["stop_token_ids"] = sorted(eos_ids)
     if sampling.do_sample:
-        # Only the client's own seed: vLLM samples unseeded requests from its engine's generator, as its own server
-        # does (the seed the handler draws for every other request is for our engine's generators).
+        # Only the client's own seed (plus the choice's index, for n > 1: ``seq.seed``, as vLLM seeds a request's
+        # children): vLLM samples unseeded requests from its engine's generator, as its own server does (the seed
+        # the handler draws for every other request is for our engine's generators).
         kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                      seed=sampling.seed)
+                      seed=seq.seed if sampling.seed is not None else None)
     else:
         kwargs["temperature"] = 0.0
     for name in EXTRA_FIELDS[:3]:
@@ -58,3 +63,94 @@ def vllm_request(seq: SequenceState, eos_ids: Collection[int], *, structured_out
         kwargs["structured_outputs"] = structured_outputs
     return VllmRequest(TokensPrompt(prompt_token_ids=list(seq.prompt_ids)), vllm.SamplingParams(**kwargs),
                        lora_request)
+
+
+def append_output(seq: SequenceState, output: Any) -> list[Event]:
+    """Feed one vLLM ``RequestOutput`` delta's tokens through ``seq``: the events due (its last one terminal once
+    the sequence finishes, by our rules or at a limit of vLLM's own)."""
+    completion = output.outputs[0]
+    top_k = seq.request.sampling.top_logprobs or 0
+    events: list[Event] = []
+    for i, token_id in enumerate(completion.token_ids):
+        log_prob, top = _log_probs(completion.logprobs, i, token_id, top_k)
+        try:
+            events += seq.append(token_id, log_prob, top)
+        except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
+            events.append(fail_alone(seq, SequenceFailed("detokenizing", exc)))
+        if seq.finished:
+            break
+    if not seq.finished and output.finished:
+        events.append(_ended_by_vllm(seq, completion.finish_reason))
+    elif events and isinstance(events[-1], GenerationResult) and events[-1].finish_reason is FinishReason.EOS:
+        events[-1:] = [_checked_end(seq, events[-1])]
+    return events
+
+
+def _ended_by_vllm(seq: SequenceState, reason: Any) -> Event:
+    """A sequence vLLM finished before our side did: at a limit of its own (the model length), what was generated is
+    the answer; as an error ("error", "abort": its grammar refused a token, a failure of its own), it fails alone."""
+    seq.finished = True
+    if str(reason) not in ("error", "abort"):
+        return seq.result(FinishReason.LENGTH)
+    constraint = seq.request.constraint
+    cause: Exception = BackendError(f"vLLM ended the request ({reason})")
+    if constraint is not None:
+        cause = InvalidRequest(f"{constraint.field}: vLLM's grammar engine could not follow this constraint while "
+                               "generating", field=constraint.field)
+    return fail_alone(seq, SequenceFailed("vLLM", cause))
+
+
+def _checked_end(seq: SequenceState, result: GenerationResult) -> Event:
+    """``result`` if the constraint (when there is one) accepts the answer; vLLM's matcher ends a request whose
+    grammar failed while masking with end-of-sequence, so an answer that stops short of its grammar fails instead."""
+    matcher, constraint = seq.grammar, seq.request.constraint
+    tokens = _constrained(seq)
+    if matcher is None or constraint is None or tokens is None:
+        return result
+    if matcher.consume_tokens(tokens) and matcher.is_accepting():
+        return result
+    return fail_alone(seq, SequenceFailed("vLLM", InvalidRequest(
+        f"{constraint.field}: vLLM's grammar engine could not follow this constraint: the answer ended before the "
+        "constraint was met", field=constraint.field)))
+
+
+def _constrained(seq: SequenceState) -> list[int] | None:
+    """The answer's tokens that vLLM's grammar followed (the last, end-of-sequence, left out): with a reasoning parser
+    (vLLM's ``StructuredOutputManager``), all of them where the prompt closed the reasoning, else those after the
+    answer's first end token; None where the reasoning never ended (the grammar never began)."""
+    tokens = seq.generated[:-1]
+    reasoning = seq.request.reasoning
+    if reasoning is None or _reasoning_closed(seq.prompt_ids, reasoning):
+        return tokens
+    if reasoning.end_id not in tokens:
+        return None
+    return tokens[tokens.index(reasoning.end_id) + 1:]
+
+
+def _reasoning_closed(ids: Sequence[int], reasoning: Any) -> bool:
+    """Whether the last reasoning tag in ``ids`` is an end tag (vLLM's ``is_reasoning_end``)."""
+    for token in reversed(ids):
+        if token in (reasoning.start_id, reasoning.end_id):
+            return token == reasoning.end_id
+    return False
+
+
+def check_request(seq: SequenceState, backend: Any) -> None:
+    """What vLLM's engine would not refuse by itself but must be: a seed on vLLM's CPU build with chunked prefill,
+    which would stop the engine (``seeds_stop_engine``). (``job.py`` checks ``logit_bias`` ids for every backend.)"""
+    seed = seq.request.sampling.seed
+    if seed is not None and seq.request.sampling.do_sample and backend.seeds_stop_engine:
+        field = "parameters.seed" if seq.request.schema is Schema.LMI else "seed"
+        raise invalid_field(field, seed, "vLLM's CPU build stops its engine when it prefills a seeded prompt in "
+                            "chunks, so seeds are refused while chunked prefill is on; send no seed, or serve "
+                            "with option.enable_chunked_prefill=false")
+
+
+def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
+    """The chosen token's log probability and the ``top_k`` most likely tokens', from vLLM's position ``i``."""
+    if not logprobs:
+        return 0.0, []
+    entries = logprobs[i]
+    chosen = entries.get(token_id)
+    ranked = sorted((entry.rank, tid, float(entry.logprob)) for tid, entry in entries.items() if entry.rank <= top_k)
+    return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
