@@ -332,7 +332,8 @@ def _draw_for_step(torch: Any, seq: SequenceState, device: Any) -> None:
 
 
 def _choose(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[Any]:
-    """Each row's (token id, log prob), its random number drawn already (``_draw_for_step``)."""
+    """Each row's pick as ``select_tokens`` answers it, its random number drawn already (``_draw_for_step``); the
+    chosen tokens are not yet recorded for the penalties (``_record``)."""
     params = [seq.request.sampling for seq in seqs]
     sampled = [row for row, p in enumerate(params) if p.do_sample]
     scores = _adjusted(torch, logits, seqs, params)

@@ -31,8 +31,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..values import parse_int
 from ..errors import InvalidRequest
+from ..values import parse_int
 from .constraint import INSTALL, Constraint
 
 #: The options ``GrammarBudget`` reads.
