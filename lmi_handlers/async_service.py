@@ -1,9 +1,10 @@
 """``handle`` as DJL's async engine awaits it (``option.async_mode=true``, ``PythonAsyncEngine``).
 
 Java sends each request alone, tagged with a ``request_tracking_id`` property, and many are in flight at once. Each
-call here parses and tokenizes its request as the sync path does (``job.py``) and joins the backend's own step loop:
-our engine on its thread (``engine_thread.py``), or vLLM's async engine (``backends/vllm/async_engine.py``), so the
-scheduler batches concurrent requests as a rolling batch would. The answer is an ``Output`` (a whole body) or an
+call here parses and tokenizes its request and compiles its grammar as the sync path does (``job.py``; a large body
+and any grammar on the preparation pool, off the event loop) and joins the backend's own step loop: our engine on
+its thread (``engine_thread.py``), or vLLM's async engine (``backends/vllm/async_engine.py``), so the scheduler
+batches concurrent requests as a rolling batch would. The answer is an ``Output`` (a whole body) or an
 async generator of ``Output``s (a stream), each written as ``djl_python.async_utils`` writes it
 (``djl.async_output``): the same text as in sync mode, one line ending per output (a stream's pieces already end
 with theirs; a whole body gains one, as every LMI async answer does). A request that fails, before or during
@@ -22,11 +23,11 @@ from typing import Any, AsyncIterator
 
 from . import djl
 from .encoding import dumps
-from .errors import Cancelled, HandlerError, InvalidRequest, status_of
+from .errors import Cancelled, HandlerError, InvalidRequest, log_failure, status_of
 from .events import ErrorEvent, Event
 from .job import Job
 from .pooling.batch import answer_batch
-from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES
+from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES, preparation_pool
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +46,8 @@ class AsyncService:
         self.running: dict[str, asyncio.Queue] = {}
         #: An embedding model pools one request at a time, on a thread beside the event loop.
         self._pooling = asyncio.Lock()
+        #: Where a large body is parsed and tokenized, and a grammar compiled, beside the event loop and the engine.
+        self._pool = preparation_pool()
 
     async def handle(self, inputs: Any) -> Any:
         if self.engine is None:
@@ -92,10 +95,16 @@ class AsyncService:
             queue.put_nowait(None)
 
     async def _prepare(self, item: Any) -> Job:
-        """The request's job; a large body is parsed and tokenized off the event loop."""
+        """The request's job; a large body is parsed and tokenized, and a grammar compiled (within the grammar budgets,
+        ``Handler.admit``), off the event loop."""
+        loop = asyncio.get_running_loop()
         if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
-            return await asyncio.to_thread(self.handler.prepare, item)
-        return self.handler.prepare(item)
+            job = await loop.run_in_executor(self._pool, self.handler.prepare, item)
+        else:
+            job = self.handler.prepare(item)
+        if job.compiles:
+            job = await loop.run_in_executor(self._pool, self.handler.admit, job)
+        return job
 
     async def _embed(self, inputs: Any) -> Any:
         """An embedding request (``option.task=text-embedding``): its vectors, or its own error, as in sync mode."""
@@ -128,7 +137,7 @@ class AsyncService:
             try:
                 text = job.take(events)
             except Exception as exc:  # noqa: BLE001 - encoding this request's answer failed: it alone ends
-                logger.exception("encoding an async answer failed")
+                log_failure(logger, "encoding an async answer failed", exc)
                 job.error = ErrorEvent(status_of(exc), f"{type(exc).__name__}: {exc}")
                 return
             if text or job.done:
@@ -171,6 +180,6 @@ def _engine_thread(handler: Any) -> Any:
 
 def _failed(exc: Exception) -> Any:
     if not isinstance(exc, HandlerError):
-        logger.exception("an async call failed")
+        log_failure(logger, "an async call failed", exc)
     message = str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
     return djl.async_output("", True, JSON, message, status_of(exc))

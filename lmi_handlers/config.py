@@ -22,6 +22,7 @@ from .errors import ConfigError
 from .mode import java_true
 from .schemas import RequestLimits
 from .pooling.options import KEYS as POOLING_KEYS
+from .structured.admission import KEYS as GRAMMAR_KEYS
 from .structured.reasoning import KEYS as REASONING_KEYS
 from .structured.tools import KEYS as TOOL_KEYS
 from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
@@ -205,7 +206,8 @@ HANDLER_KEYS = frozenset({
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
-}) | frozenset(TOOL_KEYS) | LORA_KEYS | frozenset(REASONING_KEYS) | frozenset(POOLING_KEYS)
+}) | frozenset(TOOL_KEYS) | LORA_KEYS | frozenset(REASONING_KEYS) | frozenset(POOLING_KEYS) | frozenset(
+    GRAMMAR_KEYS)
 
 
 def _as_written(key: str) -> str:

@@ -5,10 +5,10 @@ and the tests for both; nothing else parses the properties.
 Resolving takes three steps, each a function of the one before, each raising ``ConfigError`` (naming the option,
 the value and what is allowed) for what loading would refuse:
 
-- ``read_settings(properties) -> Settings``: the handler's own settings (``HandlerConfig``), its tool-call and LoRA
-  options, the backend they ask for (``option.backend``, or the ``option.rolling_batch`` value a backend owns),
-  which of DJL's Python engines calls the handler (``mode.serving_mode``, given the LMI image where ``lmi validate``
-  names one) and whether the model embeds (``option.task``);
+- ``read_settings(properties) -> Settings``: the handler's own settings (``HandlerConfig``), its tool-call, LoRA
+  and grammar-budget options, the backend they ask for (``option.backend``, or the ``option.rolling_batch`` value a
+  backend owns), which of DJL's Python engines calls the handler (``mode.serving_mode``, given the LMI image where
+  ``lmi validate`` names one) and whether the model embeds (``option.task``);
 - ``choose(settings, target) -> Choice``: the backend's registry entry and why (``auto`` is the first backend
   available here, or the one the instance's LMI image runs; a backend named here must be able to load);
 - ``Choice.deploy(model) -> Deployment``: the backend's options, its adapter rule, and for an instance its checks of
@@ -33,6 +33,7 @@ from .default_dtype import cpu_flags
 from .errors import ConfigError
 from .mode import Image, Mode, serving_mode
 from .pooling import pooling_task
+from .structured.admission import GrammarBudget
 from .structured.tools import ToolOptions
 
 #: Device bytes no plan runs out of: a first plan on it says which dtype the weights load in.
@@ -96,6 +97,8 @@ class Settings:
     mode: Mode
     #: ``option.task`` asks for embeddings (``pooling/``): the backend loads a pooler, not a generator.
     embedding: bool
+    #: What one request's grammar may cost (``structured/admission.py``).
+    grammar: GrammarBudget
 
 
 @dataclass(frozen=True)
@@ -170,7 +173,8 @@ def read_settings(properties: Mapping[str, Any], image: Image | None = None,
     config = HandlerConfig.from_properties({**properties, **mode.properties})
     requested, asked_by = _requested(config)
     return Settings(config, requested, asked_by, ToolOptions.from_properties(config.properties),
-                    LoraOptions.from_properties(config.properties), mode, pooling_task(config.properties))
+                    LoraOptions.from_properties(config.properties), mode, pooling_task(config.properties),
+                    GrammarBudget.from_properties(config.properties))
 
 
 def choose(settings: Settings, target: Host = HERE) -> Choice:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .errors import capped
+
 _output_class: Any = None
 
 
@@ -34,12 +36,12 @@ def binary_encode(value: dict[str, Any]) -> bytes:
 
 def async_output(data: str, last: bool, content_type: str, error: str | None = None, code: int | None = None) -> Any:
     """One answer of DJL's async engine as ``djl_python.async_utils`` writes it (``_create_output``): the map
-    ``{"data": data + "\\n", "last": last}``, then ``error`` and ``code`` where given, binary-encoded as the only
-    content item, and the ``Content-Type`` property. Java appends ``data`` to the client's response and ends it at
-    ``last``; with ``code`` it answers ``{"code", "error"}`` with that status instead."""
+    ``{"data": data + "\\n", "last": last}``, then ``error`` (``capped``) and ``code`` where given, binary-encoded as
+    the only content item, and the ``Content-Type`` property. Java appends ``data`` to the client's response and ends
+    it at ``last``; with ``code`` it answers ``{"code", "error"}`` with that status instead."""
     item: dict[str, Any] = {"data": data + "\n", "last": last}
     if error:
-        item["error"] = error
+        item["error"] = capped(error)
     if code:
         item["code"] = code
     return new_output().add_property("Content-Type", content_type).add(binary_encode(item))

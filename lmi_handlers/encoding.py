@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any
 
+from .errors import capped
 from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
 from .request import GenerationRequest, Schema
 from .structured.reasoning import ReasoningReader
@@ -87,8 +88,9 @@ def reason_phrase(code: int) -> str:
 
 
 def error_object(code: int, message: str) -> dict[str, Any]:
-    """The one error body shape: what ``Output.error`` sends, also used inside streams and batches."""
-    return {"code": code, "message": reason_phrase(code), "error": message}
+    """The one error body shape: what ``Output.error`` sends, also used inside streams and batches (its text
+    ``capped``)."""
+    return {"code": code, "message": reason_phrase(code), "error": capped(message)}
 
 
 def dumps(value: Any) -> str:

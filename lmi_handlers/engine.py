@@ -5,8 +5,11 @@ rolling-batch step - so they all behave the same. The scheduler (``scheduler.py`
 step feeds the backend (admission by free KV blocks, chunked prefill, preemption); the backend runs
 those chunks in one step; finished sequences leave at once.
 
-A backend failure fails every sequence of that step (with the failure's status) and nothing
-else: the engine resets the backend and keeps serving.
+One sequence's own failure - its grammar, its sampling, its adapter's rows (the backend answers its
+``SequenceFailed`` in place of a token, ``backends/rows.py``), its detokenizing or stop checks - ends that sequence
+alone, with its own status and message; the others continue unchanged. A failure of the step as a whole (the
+model's) fails every sequence of that step, telling them only what failed, never any request's content: the engine
+resets the backend and keeps serving.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from collections import deque
 from typing import Iterator, Sequence
 
 from .backends.base import Backend
-from .errors import status_of
+from .errors import SequenceFailed, log_failure, status_of, step_failure
 from .events import Event
 from .scheduler import Scheduler
 from .sequence import SequenceState
@@ -81,8 +84,8 @@ class Engine:
             chosen = self.backend.step(chunks)
         except Exception as exc:  # noqa: BLE001 - every backend failure is reported per sequence
             active = self.running
-            logger.exception("generation step failed for %d sequences", len(active))
-            code, message = status_of(exc), f"generation failed: {exc}"
+            log_failure(logger, f"generation step failed for {len(active)} sequences", exc)
+            code, message = status_of(exc), step_failure(exc)
             events: dict[int, list[Event]] = {seq.uid: [seq.fail(code, message)] for seq in active}
             for seq in active:
                 self.backend.release(seq)
@@ -94,8 +97,13 @@ class Engine:
         for chunk in chunks:
             seq = chunk.seq
             emitted = 0
+            choice = chosen.get(seq.uid)
+            if isinstance(choice, SequenceFailed):  # its keys may not be written: nothing of it is cached
+                events[seq.uid] = [fail_alone(seq, choice)]
+                self.backend.release(seq)
+                continue
             if chunk.sample:
-                emitted, events[seq.uid] = self._append(seq, chosen[seq.uid])
+                emitted, events[seq.uid] = self._append(seq, choice)
             # A speculating backend returns several tokens: all but the last were verified inside this
             # step's forward, so their keys are cached; a rejected draft's slots are simply written over.
             seq.num_cached = chunk.end + max(emitted - 1, 0)
@@ -120,8 +128,7 @@ class Engine:
             try:
                 events += seq.append(*pick)
             except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-                logger.exception("detokenizing sequence %d failed", seq.uid)
-                events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
+                events.append(fail_alone(seq, SequenceFailed("detokenizing", exc)))
             if seq.finished:
                 break
         return appended, events
@@ -132,3 +139,9 @@ class Engine:
             self.add(seq)
         while not all(seq.finished for seq in seqs):
             yield self.step()
+
+
+def fail_alone(seq: SequenceState, failure: SequenceFailed) -> Event:
+    """``seq`` ends alone with its own failure (logged with the request's own uid, bounded)."""
+    log_failure(logger, f"sequence {seq.uid} failed alone in {failure.stage}", failure.cause)
+    return seq.fail(failure.status, str(failure))

@@ -18,7 +18,7 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
-from .errors import status_of
+from .errors import log_failure, status_of, step_failure
 from .events import ErrorEvent, Event, GenerationResult
 from .sequence import SequenceState
 
@@ -69,9 +69,9 @@ class EngineThread:
             try:
                 events = self.engine.step()
             except Exception as exc:  # noqa: BLE001 - the engine reports a backend's failure itself; anything else
-                logger.exception("an engine step failed")  # fails what ran, never the thread
-                events = {seq.uid: [seq.fail(status_of(exc), f"generation failed: {exc}")]
-                          for seq in self.engine.running}
+                # fails what ran, never the thread, and tells them only what failed (``errors.step_failure``)
+                log_failure(logger, "an engine step failed", exc)
+                events = {seq.uid: [seq.fail(status_of(exc), step_failure(exc))] for seq in self.engine.running}
                 self.engine.reset()
             if events and not self._send(events):
                 return

@@ -1,11 +1,21 @@
-"""Every error the runtime reports, each with the HTTP status it maps to.
+"""Every error the runtime reports, each with the HTTP status it maps to, and the bounds on its text.
 
-``Handler`` is the only place that turns these into responses; nothing else hard-codes a status.
+``Handler`` is the only place that turns these into responses; nothing else hard-codes a status. What a client reads
+of an error is at most ``MAX_ERROR_CHARS`` characters (``capped``, applied wherever an error becomes a response), and
+what the log keeps of a failure at most ``MAX_LOG_CHARS`` (``log_failure``): a hostile request's megabyte grammar
+becomes neither a megabyte error line nor a megabyte log line.
 """
 
 from __future__ import annotations
 
+import logging
+import traceback
 from typing import Any
+
+#: The most characters of error text a client receives (docs/serving.md, "Failures"); the rest is cut.
+MAX_ERROR_CHARS = 1000
+#: The most characters the log keeps of one failure's message, and again of its stack.
+MAX_LOG_CHARS = 4000
 
 
 class HandlerError(Exception):
@@ -73,6 +83,42 @@ class OutOfMemory(HandlerError):
     """The model ran out of device or host memory (DJLServing's 507)."""
 
     status = 507
+
+
+class SequenceFailed(HandlerError):
+    """One sequence failed inside a shared step (its grammar, its sampling, its adapter's rows, its text) and ends
+    alone, with the status of the cause: a request's own fault, such as a grammar that fails mid-generation, is a
+    400. The message names that request's own field and cause, never another request's."""
+
+    def __init__(self, stage: str, cause: BaseException):
+        self.stage, self.cause = stage, cause
+        self.status = status_of(cause)
+        detail = str(cause) if isinstance(cause, HandlerError) else f"{type(cause).__name__}: {cause}"
+        super().__init__(f"generation failed ({stage}): {detail}")
+
+
+def step_failure(error: BaseException) -> str:
+    """What every sequence of a step that failed as a whole is told: a backend's own sentence (``BackendError``,
+    ``OutOfMemory``, ``EngineStopped``: ours, never quoting a request), else only the failure's type, since its text
+    may quote any request of the step."""
+    if isinstance(error, HandlerError) and not isinstance(error, InvalidRequest):
+        return f"generation failed: {error}"
+    return f"generation failed: {type(error).__name__} in the model's step (the server log has the details)"
+
+
+def capped(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` cut to ``limit`` characters, saying how long it was."""
+    if len(text) <= limit:
+        return text
+    tail = f"... (cut: {len(text)} characters in all)"
+    return text[:max(0, limit - len(tail))] + tail
+
+
+def log_failure(log: logging.Logger, what: str, error: BaseException) -> None:
+    """``what`` failed with ``error``: logged with its stack, each bounded by ``MAX_LOG_CHARS``."""
+    stack = "".join(traceback.format_tb(error.__traceback__))
+    log.error("%s: %s\n%s", what, capped(f"{type(error).__name__}: {error}", MAX_LOG_CHARS),
+              capped(stack, MAX_LOG_CHARS).rstrip())
 
 
 def status_of(error: BaseException) -> int:

@@ -27,8 +27,8 @@ from .pooling.batch import Pooler, answer_batch
 from .structured.reasoning import Reasoning, reasoning_for
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
-from .errors import HandlerError, InvalidRequest, status_of
-from .job import Job, prepare_job
+from .errors import HandlerError, InvalidRequest, capped, log_failure, status_of
+from .job import Job, compile_grammars, prepare_job
 from .rolling import RollingBatch
 
 logger = logging.getLogger(__name__)
@@ -80,7 +80,7 @@ class Handler:
             # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
             step_loop = deployment.backend.step_loop
             self.engine = step_loop(backend) if step_loop is not None else self.new_engine()
-            self.rolling = RollingBatch(self.engine, self.prepare) if config.rolling else None
+            self.rolling = RollingBatch(self.engine, self.prepare, self.admit) if config.rolling else None
         self.initialized = True
 
     def new_engine(self) -> Engine:
@@ -120,25 +120,35 @@ class Handler:
             return prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
                                adapters=self.adapters, reasoning=self.reasoning)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
-            if not isinstance(exc, HandlerError):
-                logger.exception("preparing a request failed")
-            return Job.rejected(exc)
+            return _rejected("preparing a request", exc)
+
+    def admit(self, job: Job) -> Job:
+        """The job with its grammars compiled (slow: the rolling batch and the async path run it off their loops); a
+        grammar refused (or failing to compile) is its own error."""
+        try:
+            return compile_grammars(job, self.backend)
+        except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
+            return _rejected("compiling a request's grammar", exc)
+
+    def _ready(self, item: Any) -> Job:
+        return self.admit(self.prepare(item))
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
         if self.pooler is not None:
             return self._embeddings(inputs, items)
         if not inputs.is_batch():
-            job = self.prepare(items[0])
+            job = self._ready(items[0])
             output = djl.new_output()
             if job.streaming:
                 output.add_property("content-type", job.content_type)
                 return output.add_stream_content(self._stream(job), output_formatter=None)
             body = self._complete([job])[0]
             if job.error is not None:
-                return output.error(job.error.message, code=job.error.code, message=reason_phrase(job.error.code))
+                return output.error(capped(job.error.message), code=job.error.code,
+                                    message=reason_phrase(job.error.code))
             return output.add_property("content-type", job.content_type).add(body)
-        jobs = [self.prepare(item) for item in items]
+        jobs = [self._ready(item) for item in items]
         output = djl.new_output()
         types = set()
         for i, (job, body) in enumerate(zip(jobs, self._complete(jobs))):
@@ -159,7 +169,7 @@ class Handler:
         if not inputs.is_batch():
             code, body = answers[0]
             if code != 200:
-                return output.error(body, code=code, message=reason_phrase(code))
+                return output.error(capped(body), code=code, message=reason_phrase(code))
             return output.add_property("content-type", "application/json").add(body)
         for i, (code, body) in enumerate(answers):
             output.add(body if code == 200 else dumps(error_object(code, body)), key="data", batch_index=i)
@@ -219,12 +229,18 @@ class Handler:
 
     def error_output(self, exc: Exception) -> Any:
         if not isinstance(exc, HandlerError):
-            logger.exception("handler failed")
+            log_failure(logger, "handler failed", exc)
         code = status_of(exc)
         message = str(exc) if isinstance(exc, HandlerError) else f"{type(exc).__name__}: {exc}"
         if not self.initialized:
             message = f"model failed to load: {message}"
-        return djl.new_output().error(message, code=code, message=reason_phrase(code))
+        return djl.new_output().error(capped(message), code=code, message=reason_phrase(code))
+
+
+def _rejected(what: str, exc: Exception) -> Job:
+    if not isinstance(exc, HandlerError):
+        log_failure(logger, f"{what} failed", exc)
+    return Job.rejected(exc)
 
 
 def _awaited() -> bool:

@@ -2,10 +2,11 @@
 
 ``prepare_job`` turns one ``Input`` item into a ``Job`` (or raises ``InvalidRequest``): the body is
 parsed into typed requests within the configured ``RequestLimits``, each prompt is tokenized and checked
-against the model's context, and each gets a ``SequenceState`` and an ``Encoder``. A request that fails
-before generation, for whatever reason, is a ``Job.rejected``: it answers with its own error and nothing
-else is affected. As the engine produces events, ``Job.take``
-returns the text due to the client now - every token for a stream, the whole body at the end
+against the model's context, and each gets a ``SequenceState`` and an ``Encoder``; ``compile_grammars`` then
+compiles the grammar of each constrained one for the model, within the grammar budgets (slow work, which the
+rolling batch runs off its step loop). A request that fails before generation, for whatever reason, is a
+``Job.rejected``: it answers with its own error and nothing else is affected. As the engine produces events,
+``Job.take`` returns the text due to the client now - every token for a stream, the whole body at the end
 otherwise - so the same object serves a plain call, a stream and a rolling-batch request.
 """
 
@@ -48,6 +49,12 @@ class Job:
         job = cls(Payload(()), [], [])
         job.error = ErrorEvent(status_of(error), message)
         return job
+
+    @property
+    def compiles(self) -> bool:
+        """Whether it has grammars still to compile (``compile_grammars``)."""
+        return self.error is None and any(seq.request.constraint is not None and seq.grammar is None
+                                          for seq in self.seqs)
 
     @property
     def streaming(self) -> bool:
@@ -136,6 +143,23 @@ def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed
                             rolling=config.rolling and not payload.many)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
     return Job(payload, seqs, encoders, choices)
+
+
+def compile_grammars(job: Job, backend: Backend) -> Job:
+    """``job`` once each constrained sequence's grammar is compiled for the model within the grammar budgets
+    (``backend.compile_grammar``, ``structured/admission.py``); raises ``InvalidRequest`` naming the field for one
+    that is too large, unsatisfiable, empty or too slow. Prompts of one request share one compilation."""
+    compile_grammar = getattr(backend, "compile_grammar", None)
+    compiled: dict[int, Any] = {}
+    for seq in job.seqs if compile_grammar is not None and job.compiles else ():
+        constraint = seq.request.constraint
+        if constraint is None or seq.grammar is not None:
+            continue
+        if id(constraint) in compiled:  # copied before any token: in its first state
+            seq.grammar = compiled[id(constraint)].deep_copy()
+        else:
+            seq.grammar = compiled[id(constraint)] = compile_grammar(constraint)
+    return job
 
 
 def _structured(request: GenerationRequest, options: tool_calling.ToolOptions, backend: Backend) -> GenerationRequest:

@@ -8,9 +8,11 @@ body. The answer has exactly N items, in order, each ``binary_encode({"data", "l
 Finished requests leave the list (Java drops them too), so both sides stay in step.
 ``reset_rollingbatch`` (sent after a failed step) clears everything.
 
-A new request whose body is large is parsed and tokenized on a thread while the others keep stepping; until
-its job is ready its items are empty (Java skips empty data). A request that fails to parse, tokenize, decode
-or encode ends alone, with its own status.
+A new request whose body is large is parsed and tokenized on a thread while the others keep stepping, and so is a
+burst's beyond its first ``INLINE_REQUESTS``, and so is the grammar of a constrained one compiled
+(``job.compile_grammars``: it may take up to the grammar budget's time); until its job is ready its items are empty
+(Java skips empty data). A request that fails to parse,
+tokenize, compile, decode or encode ends alone, with its own status.
 
 Two extensions of our local server's: it marks a request whose client disconnected with the property
 ``lmi_cancel=true`` so that its slot is freed at once (DJLServing never sends it), and it reads the engine's
@@ -22,11 +24,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
 from . import djl
-from .errors import BackendError, Cancelled
+from .errors import BackendError, Cancelled, capped, log_failure
 from .events import Event
 from .job import Job
 
@@ -38,6 +42,26 @@ STATS_PROPERTY = "lmi_engine_stats"
 IDLE_WAIT = 0.05
 #: Bodies up to this size are prepared within the step (a few milliseconds); larger ones on the pool.
 INLINE_BODY_BYTES = 32 * 1024
+#: New requests prepared within one step: the rest of a burst (a hundred arriving at once) goes to the pool too.
+INLINE_REQUESTS = 16
+#: How much nicer than the step loop the pool's threads are (Linux keeps a nice value per thread): a long prompt
+#: being tokenized or a grammar being compiled takes the CPU only when the step loop leaves it.
+PREPARE_NICENESS = 10
+
+
+def preparation_pool(workers: int = 2) -> ThreadPoolExecutor:
+    """The threads requests are prepared on (parsed, tokenized, their grammars compiled) beside the step loop, each
+    ``PREPARE_NICENESS`` nicer than it (the rolling batch's, and the async path's)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
+                              initializer=_yield_to_the_step_loop)
+
+
+def _yield_to_the_step_loop() -> None:
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + PREPARE_NICENESS))
+    except (AttributeError, OSError):  # not Linux, or not allowed: the threads keep the process's priority
+        pass
 
 
 def _truthy(value: Any) -> bool:
@@ -67,19 +91,22 @@ class _Entry:
             return {"data": "", "last": False}  # still being tokenized; Java skips empty data
         data = self.job.take(events)
         if self.job.error is not None:
-            return {"data": "", "last": True, "code": self.job.error.code, "error": self.job.error.message}
+            return {"data": "", "last": True, "code": self.job.error.code, "error": capped(self.job.error.message)}
         return {"data": data, "last": self.job.done}
 
 
 class RollingBatch:
-    """The handler's ordered active list. ``prepare`` never raises (a failure is a rejected job); a large body
-    is prepared on a small thread pool, so a long prompt is tokenized while the other requests keep stepping."""
+    """The handler's ordered active list. ``prepare`` (parse, tokenize) and ``compile_job`` (grammars) never raise
+    (a failure is a rejected job); a large body, and any grammar, is prepared on a small thread pool, so a long
+    prompt is tokenized and a grammar compiled while the other requests keep stepping."""
 
-    def __init__(self, engine: Any, prepare: Callable[[Any], Job], workers: int = 2):
+    def __init__(self, engine: Any, prepare: Callable[[Any], Job], compile_job: Callable[[Job], Job] = lambda job: job,
+                 workers: int = 2):
         self.engine = engine
         self.prepare = prepare
+        self.compile_job = compile_job
         self.active: list[_Entry] = []
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare")
+        self.pool = preparation_pool(workers)
 
     def reset(self) -> None:
         self.engine.reset()
@@ -93,8 +120,8 @@ class RollingBatch:
             known = len(self.active)
             self.reset()
             raise BackendError(f"rolling batch out of step: {len(items)} requests sent but {known} were active")
-        for item in items[len(self.active):]:
-            self.active.append(_Entry(self._submit(item)))
+        for n, item in enumerate(items[len(self.active):]):
+            self.active.append(_Entry(self._submit(item, inline=n < INLINE_REQUESTS)))
         for entry, item in zip(self.active, items):
             if not entry.done and _truthy(item.get_property(CANCEL_PROPERTY)):
                 for seq in entry.job.seqs if entry.job is not None else ():
@@ -110,11 +137,14 @@ class RollingBatch:
         self.active = [entry for entry in self.active if not entry.done]
         return output
 
-    def _submit(self, item: Any) -> Future[Job]:
-        if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
-            return self.pool.submit(self.prepare, item)
+    def _submit(self, item: Any, inline: bool) -> Future[Job]:
+        if not inline or len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
+            return self.pool.submit(lambda: self.compile_job(self.prepare(item)))
+        job = self.prepare(item)
+        if job.compiles:
+            return self.pool.submit(self.compile_job, job)
         done: Future[Job] = Future()
-        done.set_result(self.prepare(item))
+        done.set_result(job)
         return done
 
     def _admit_prepared(self) -> None:
@@ -132,7 +162,7 @@ class RollingBatch:
         try:
             return entry.item(events)
         except Exception as exc:  # noqa: BLE001 - encoding one request's answer failed: that request alone ends
-            logger.exception("encoding a rolling-batch answer failed")
+            log_failure(logger, "encoding a rolling-batch answer failed", exc)
             for seq in entry.job.seqs if entry.job is not None else ():
                 if not seq.finished:
                     self.engine.cancel(seq)

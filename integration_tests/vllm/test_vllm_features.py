@@ -235,6 +235,45 @@ def test_bad_schemas_are_400s_naming_the_field_before_anything_runs(oai, body, f
     assert field in caught.value.message
 
 
+LOOP = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}, "required": ["b"]},
+                  "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}, "required": ["a"]}},
+        "$ref": "#/$defs/a"}
+CHOICES = [f"c{i}" for i in range(10_000)]
+#: (field, parameters): what vLLM's grammar engine cannot follow, or no text satisfies.
+HOSTILE = [("guided_regex", {"guided_regex": "(a{1000}){1000}"}), ("guided_json", {"guided_json": LOOP}),
+           ("guided_regex", {"guided_regex": "[^\\x00-\\x{10FFFF}]"}),
+           ("guided_choice", {"guided_choice": [f"SECRET-TOKEN-12345-{i:06d}" for i in range(4_000)]})]
+
+
+def test_hostile_grammars_get_their_own_400_and_their_neighbours_answer_as_vllms_generate(server, oai, reference):
+    """Issue 43: each a 400 naming its field, never a 200 with text outside the constraint or cut short (vLLM ends a
+    grammar it cannot follow as an error, or at end-of-sequence); and 10,000 choices are followed, as on hf."""
+    _, base = reference
+
+    def guided(parameters):
+        response = httpx.post(server.url + "/invocations", timeout=600, json={
+            "inputs": "Pick one:", "parameters": {"max_new_tokens": 12, **parameters}})
+        return response.status_code, response.json()
+
+    def person():
+        return oai.chat.completions.create(
+            model="smollm2", messages=[{"role": "user", "content": "A person as JSON."}], max_tokens=BUDGET,
+            temperature=0, response_format={"type": "json_schema", "json_schema": {
+                "name": "p", "schema": SCHEMAS["person"]}}).choices[0].message.content
+
+    results = _all([*(lambda p=p: generate(server, p) for p in PROMPTS), person,
+                    lambda: guided({"guided_choice": CHOICES}),
+                    *(lambda parameters=parameters: guided(parameters) for _, parameters in HOSTILE)])
+    for answer, want in zip(results, base):
+        assert [t["id"] for t in answer["details"]["tokens"]] == want["token_ids"]
+    jsonschema.validate(json.loads(results[2]), SCHEMAS["person"])
+    code, choice = results[3]
+    assert code == 200 and choice["generated_text"] in CHOICES, choice
+    for (field, _), (code, body) in zip(HOSTILE, results[4:]):
+        assert code == 400 and body["error"].startswith(f"parameters.{field}: "), body
+        assert len(body["error"]) < 400 and "SECRET" not in body["error"]
+
+
 def test_responses_and_messages_answer_as_the_chat_route_does_on_vllm(server, oai):
     claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=600)
     greedy = {"extra_body": {"temperature": 0}}

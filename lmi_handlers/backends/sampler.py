@@ -27,6 +27,11 @@ is the one it would get alone.
 (vLLM's default ``logprobs_mode``, ``raw_logprobs``); a constrained row's are those of its grammar's masked
 distribution. A row that asks for ``top_logprobs`` gets that many most likely tokens from the same distribution,
 most likely first; only those rows pay for the ``topk``.
+
+A row whose grammar, random draw or selection fails gets its ``SequenceFailed`` in place of a token, and the other
+rows are chosen as without it (``rows.py``): the draws are taken row by row before the batched selection, and the
+chosen tokens join the penalties' state after it, so that a selection run again row by row draws and counts
+nothing twice.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from typing import Any, Sequence
 
 from ..schemas import OFF_VALUES
 from ..sequence import SequenceState
+from .rows import Rows
 
 #: The request fields ``select_tokens`` honours beyond the common ones: every one ``schemas.OFF_VALUES`` names. A
 #: backend that chooses its tokens here lists them as its ``request_fields``.
@@ -42,15 +48,16 @@ HONOURED_FIELDS = frozenset(OFF_VALUES)
 
 
 class _RowState:
-    """What selection keeps per sequence: its random generator, the set of tokens it has seen (prompt and output)
-    and how often it generated each token."""
+    """What selection keeps per sequence: its random generator, this step's number drawn from it, the set of tokens
+    it has seen (prompt and output) and how often it generated each token."""
 
-    __slots__ = ("generator", "seen", "counts")
+    __slots__ = ("generator", "seen", "counts", "drawn")
 
     def __init__(self) -> None:
         self.generator: Any = None
         self.seen: Any = None
         self.counts: Any = None
+        self.drawn: Any = None
 
 
 def _state(seq: SequenceState) -> _RowState:
@@ -212,7 +219,7 @@ def _sample(torch: Any, scores: Any, plain: Any, seqs: Sequence[SequenceState], 
             weights = _take(torch, plain, index)  # the softmax's numerators: the same draw
         else:
             weights = _tempered_probs(torch, _take(torch, scores, index), params)
-        chosen = _draw(torch, weights, torch.cat([_uniform(torch, seqs[row], device) for row in index]))
+        chosen = _draw(torch, weights, torch.cat([seqs[row].sampler_state.drawn for row in index]))
         picks[torch.tensor(group, device=device)] = chosen if order is None else order.gather(1, chosen[:, None])[:, 0]
     return picks
 
@@ -304,10 +311,29 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState], gramma
     asks for ``top_logprobs``: top holds that many (token id, log prob) pairs, most likely first. With ``grammars``
     (``structured.masks.GrammarMasks``), constrained rows choose among the tokens their grammar allows (their
     log probabilities are those of the masked distribution), and a row whose grammar completes gets a list:
-    its pick, then end-of-sequence."""
+    its pick, then end-of-sequence. A row that failed gets its ``errors.SequenceFailed`` instead."""
+    rows = Rows(seqs)
     logits = logits.float()
     if grammars is not None:
-        logits = grammars.mask(torch, logits, seqs)
+        logits = grammars.mask(torch, logits, rows)
+    rows.each("sampling", lambda row: _draw_for_step(torch, seqs[row], logits.device))
+    done, chosen = rows.batched("sampling", lambda live: _choose(torch, _take(torch, logits, live),
+                                                                 [seqs[row] for row in live]))
+    picks = dict(zip(done, chosen or ()))
+    _record([seqs[row] for row in done], [picks[row][0] for row in done])
+    if grammars is not None:
+        picks = grammars.advance(rows, picks)
+    return rows.answer(picks)
+
+
+def _draw_for_step(torch: Any, seq: SequenceState, device: Any) -> None:
+    if seq.request.sampling.do_sample:
+        _state(seq).drawn = _uniform(torch, seq, device)
+
+
+def _choose(torch: Any, logits: Any, seqs: Sequence[SequenceState]) -> list[Any]:
+    """Each row's pick as ``select_tokens`` answers it, its random number drawn already (``_draw_for_step``); the
+    chosen tokens are not yet recorded for the penalties (``_record``)."""
     params = [seq.request.sampling for seq in seqs]
     sampled = [row for row, p in enumerate(params) if p.do_sample]
     scores = _adjusted(torch, logits, seqs, params)
@@ -321,11 +347,10 @@ def select_tokens(torch: Any, logits: Any, seqs: Sequence[SequenceState], gramma
     log_sum = plain.sum(dim=-1).log_()
     log_probs = logits.gather(1, chosen[:, None])[:, 0] - top[:, 0] - log_sum
     ids = chosen.tolist()
-    _record(seqs, ids)
     picks: list[Any] = list(zip(ids, log_probs.tolist()))
     for row, alternatives in _top_log_probs(torch, logits, top, log_sum, params).items():
         picks[row] = (*picks[row], alternatives)
-    return grammars.advance(seqs, picks) if grammars is not None else picks
+    return picks
 
 
 def _top_log_probs(torch: Any, logits: Any, top: Any, log_sum: Any, params: Sequence[Any]) -> dict[int, Any]:

@@ -60,9 +60,15 @@ class Constraint:
             options = ({"whitespace_flexible": False} if self.whitespace is None
                        else {"whitespace_flexible": True, "whitespace_pattern": self.whitespace})
             return LLMatcher.grammar_from_json_schema(self.spec, defaults=options)
+        return LLMatcher.grammar_from_regex(self.regex)
+
+    @property
+    def regex(self) -> str:
+        """A regex or choice constraint as one regex: the choices as one alternation (one lexeme, however many
+        choices; a grammar rule with an alternative per choice exceeds the parser's row limit past 2,000)."""
         if self.kind == "regex":
-            return LLMatcher.grammar_from_regex(self.spec)
-        return LLMatcher.grammar_from_regex("|".join(re.escape(choice) for choice in json.loads(self.spec)))
+            return self.spec
+        return "|".join(re.escape(choice) for choice in json.loads(self.spec))
 
 
 def checked(constraint: Constraint) -> Constraint:

@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from lmi_handlers.errors import Cancelled
+from lmi_handlers.errors import Cancelled, capped
 from lmi_handlers.protocol import Input
 
 from .adapters import AdapterRecord, adapter_input, folder_adapters
@@ -93,7 +93,9 @@ class PendingRequest:
         self.emit(Chunk(body, final=True) if body else End())
 
     def fail(self, code: int, message: str, kind: str = "ServiceUnavailableException") -> None:
-        """End the request with an error: a DJL error body if nothing was sent yet, else a final error line."""
+        """End the request with an error: a DJL error body if nothing was sent yet, else a final error line (its
+        text ``capped``, as every error a client reads)."""
+        message = capped(message)
         if not self.started:
             body = {"code": code, "type": kind, "message": message}
             self.answer(code, dict(JSON), json.dumps(body).encode())
@@ -442,7 +444,8 @@ class ServedModel:
             # Java sets this status if nothing was sent yet, and appends the error as the last chunk.
             if not job.started:
                 job.emit(Start(item.code, {"content-type": "application/json"}))
-                job.emit(Chunk(json.dumps({"code": item.code, "error": item.error}).encode(), final=True))
+                job.emit(Chunk(json.dumps({"code": item.code, "error": capped(item.error or "")}).encode(),
+                               final=True))
             else:
                 job.fail(item.code, item.error or "")
             return

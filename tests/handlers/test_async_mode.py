@@ -290,3 +290,26 @@ def test_hf_adapters_register_between_steps_and_answer_as_in_sync_mode(tiny_mode
     expected = [[t["id"] for t in json.loads(bytes(sync.handle(request_input(JSON, json.dumps(p).encode()))
                                                   .content.value_at(0)))["details"]["tokens"]] for p in payloads]
     assert [base, adapted] == expected and base != adapted
+
+
+def test_a_grammar_failing_mid_stream_ends_only_its_own_stream_in_async_mode(tiny_model_dir, tmp_path, monkeypatch):
+    """Issue 43 in async mode: a streamed request whose grammar fails at its third mask ends alone with its own 400,
+    one whose grammar is refused at admission gets its 400 before it runs, and the streams in flight beside them
+    answer as they do alone, with none of the hostile requests' text."""
+    pytest.importorskip("llguidance")
+    from .test_hf_backend import STOCK_KERNELS
+    from .test_step_isolation import GOOD, HOSTILE, SECRET, answer, wrap_matchers
+
+    module = module_of(Handler())
+    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "async_mode": "true", **STOCK_KERNELS}
+    module.run(call("ours", module, init_input(props)))
+    good = [GOOD["stream"], {**GOOD["digits"], "stream": True}, GOOD["json"]]
+    alone = [text(module.run(_many("ours", module, [payload]))[0]) for payload in good]
+    wrap_matchers(module.handler, monkeypatch, compute=3)
+    refused = {"inputs": SECRET, "parameters": {"guided_regex": f"({SECRET}{{1000}}){{1000}}"}}
+    answers = module.run(_many("ours", module, [*good, {**HOSTILE["mask"], "stream": True}, refused]))
+    assert [answer(_stable(text(outputs))) for outputs in answers[:3]] == [answer(_stable(body)) for body in alone]
+    assert all(SECRET not in text(outputs) for outputs in answers[:3])
+    failed, early = items(answers[3])[-1], items(answers[4])
+    assert failed["code"] == "400" and failed["last"] == "True" and "parameters.guided_regex:" in failed["error"]
+    assert len(early) == 1 and early[0]["code"] == "400" and "option.max_grammar_chars" in early[0]["error"]

@@ -7,6 +7,8 @@ their shorter prompts attend to pad tokens; for those only the unpadded rows are
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lmi_tools.models.tiny import ARCHITECTURES
@@ -157,10 +159,52 @@ def test_a_failed_step_fails_its_requests_then_serving_goes_on(neuronx_standin, 
         return real_forward(*args, **kwargs)
 
     monkeypatch.setattr(model, "forward", flaky)
-    with pytest.raises(AssertionError, match="NRT error"):
+    # The step's own failure: its type for the client (its text may quote any request of the step), all in the log.
+    with pytest.raises(AssertionError, match="RuntimeError in the model's step"):
         run_rolling(handler, {0: [(PROMPTS[0], 6)]})
     assert run_rolling(handler, {0: [(PROMPTS[1], 4), (PROMPTS[2], 5)]}) == [
         reference(tiny_arch(arch), PROMPTS[1], 4), reference(tiny_arch(arch), PROMPTS[2], 5)]
+
+
+@pytest.mark.parametrize("arch, stage", [("llama", "prefill"), ("llama", "sampling"), ("gpt2", "sampling")])
+def test_one_sequences_own_failure_ends_it_alone_and_the_others_answer_as_generate(neuronx_standin, tiny_arch,
+                                                                                    reference, arch, stage,
+                                                                                    monkeypatch):
+    """Issue 43: a prompt whose own prefill (continuous batching) or sampling (both runners) fails ends alone."""
+    from lmi_handlers.backends import sampler
+
+    from .test_handler_contract import JavaLoop
+
+    handler = load(tiny_arch(arch), rolling_batch="auto", max_rolling_batch_size=4)
+    hostile = "zebra zebra zebra"
+    if stage == "prefill":
+        forward, ids = handler.backend.model.forward, handler.backend.tokenizer.encode(hostile)
+
+        def fails_on_its_prompt(input_ids, *args):
+            if input_ids.shape[1] > 1 and input_ids[0].tolist() == ids:
+                raise RuntimeError("NRT error: execution failed")
+            return forward(input_ids, *args)
+        monkeypatch.setattr(handler.backend.model, "forward", fails_on_its_prompt)
+    else:
+        choose = sampler._choose
+
+        def fails_with_its_row(torch, logits, seqs):
+            if any(seq.request.prompt == hostile for seq in seqs):
+                raise RuntimeError("probability tensor contains nan")
+            return choose(torch, logits, seqs)
+        monkeypatch.setattr(sampler, "_choose", fails_with_its_row)
+    loop = JavaLoop(handler)
+    for i in range(2):
+        loop.submit(i, {"inputs": PROMPTS[i], "parameters": {"max_new_tokens": 6, "details": True}})
+    loop.step()
+    loop.submit("hostile", {"inputs": hostile, "parameters": {"max_new_tokens": 6}})
+    loop.submit(2, {"inputs": PROMPTS[2], "parameters": {"max_new_tokens": 5, "details": True}})
+    while loop.active:
+        loop.step()
+    assert loop.codes == {"hostile": 424} and "RuntimeError" in loop.bodies["hostile"]
+    for i, tokens in enumerate((6, 6, 5)):
+        answer = json.loads(loop.bodies[i])["details"]["tokens"]
+        assert [t["id"] for t in answer] == reference(tiny_arch(arch), PROMPTS[i], tokens)
 
 
 def test_without_transformers_neuronx_the_backend_says_so_before_any_download():

@@ -228,14 +228,14 @@ def test_constrained_and_free_rows_share_a_step_and_free_greedy_rows_are_unchang
     from lmi_handlers.structured.masks import GrammarMasks
 
     eos = {tokenizer.eos_token_id}
-    grammars = GrammarMasks(tokenizer, eos)
+    vocab = len(tokenizer)
+    grammars = GrammarMasks(tokenizer, eos, vocab)
     free, digits, word = lmi(), lmi(guided_regex="[0-9]{3}"), lmi(guided_choice=["hello"])
     sampled = parse_payload({"inputs": "hi", "parameters": {"guided_regex": "[0-9]{3}", "do_sample": True}},
                             30).requests[0]
     requests = [free, digits, word, free, sampled]
     seqs = [SequenceState(r, [1, 2], decode=tokenizer.decode, eos_ids=eos, seed=7) for r in requests]
     torch.manual_seed(0)
-    vocab = len(tokenizer)
     texts = ["" for _ in seqs]
     for _ in range(8):
         logits = torch.randn(len(seqs), vocab)

@@ -18,7 +18,7 @@ SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required"
      {"json": {"type": "object"}, "whitespace_pattern": "[ ]?", "disable_any_whitespace": False}),
     (Constraint("json", '{"type":"object"}', "f", any_object=True), {"json_object": True}),
     (Constraint("regex", "[0-9]{3}", "f"), {"regex": "[0-9]{3}"}),
-    (Constraint("choice", '["yes","no"]', "f"), {"choice": ["yes", "no"]}),
+    (Constraint("choice", '["yes","no?"]', "f"), {"regex": "yes|no\\?"}),
 ])
 def test_each_constraint_becomes_the_structured_outputs_vllm_samples_with(constraint, fields):
     params = structured_outputs_params(constraint)

@@ -21,6 +21,7 @@ from typing import Callable
 import pytest
 
 from lmi_handlers.backends.scripted import DEFAULT_TEXT
+from lmi_handlers.errors import MAX_ERROR_CHARS
 from lmi_handlers.handler import Handler
 from lmi_handlers.protocol import Input, Output, PairList
 from lmi_tools.serving.dispatcher import (Chunk, End, ModelSettings, PendingRequest, QueueFull, ServedModel, Start,
@@ -357,6 +358,40 @@ def test_a_failed_step_fails_every_active_request_and_the_next_step_resets(tmp_p
     finally:
         model.stop()
     assert "reset_rollingbatch" not in calls[0].properties and calls[1].properties["reset_rollingbatch"] == "true"
+
+
+def test_an_error_from_the_handler_reaches_the_client_capped(tmp_path):
+    """A handler's error text (a model.py of one's own need not cap it) is cut to ``MAX_ERROR_CHARS`` on its way to
+    the client, before the answer starts and in the middle of a stream."""
+    huge = "x" * 1_000_000
+    steps = []
+
+    def answer(inputs: Input) -> OutputHeader:
+        steps.append(inputs)
+        item = {"data": "tok", "last": False} if len(steps) == 1 else {"data": "", "last": True, "code": 424,
+                                                                       "error": huge}
+        items = [(batch_prefix(i) + "data", Output.binary_encode(
+            item if i == 0 else {"data": "", "last": True, "code": 400, "error": huge})) for i in range(
+            len(inputs.get_batches()))]
+        return header(items)
+
+    model = served(ScriptedWorker(answer), tmp_path, rolling=True, max_rolling_batch_size=4)
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        model.start()
+        streamed, refused = request(loop, inputs="a"), request(loop, inputs="b")
+        model.submit(streamed)
+        model.submit(refused)
+        code, body, _ = await answer_of(refused)
+        assert code == 400 and len(json.loads(body)["error"]) == MAX_ERROR_CHARS
+        code, body, end = await answer_of(streamed)
+        assert code == 200 and body.startswith(b"tok") and len(end.error) == MAX_ERROR_CHARS
+
+    try:
+        run(scenario)
+    finally:
+        model.stop()
 
 
 # --- worker failures -------------------------------------------------------------------------------

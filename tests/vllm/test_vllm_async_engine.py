@@ -31,7 +31,8 @@ class Client:
                 await asyncio.sleep(self.delay)
                 last = i == len(self.tokens) - 1
                 yield SimpleNamespace(request_id=request_id, finished=last,
-                                      outputs=[SimpleNamespace(token_ids=[token], logprobs=None)])
+                                      outputs=[SimpleNamespace(token_ids=[token], logprobs=None,
+                                                               finish_reason="length" if last else None)])
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)  # what AsyncLLM.generate does on the way out
             raise

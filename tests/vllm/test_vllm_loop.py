@@ -108,3 +108,73 @@ def test_a_seed_that_would_stop_vllms_cpu_engine_gets_its_own_400():
     assert events[1][0].code == 400 and events[1][0].message.startswith("parameters.seed: vLLM's CPU build")
     assert "option.enable_chunked_prefill=false" in events[1][0].message and events[2][0].message.startswith("seed:")
     assert list(engine.added) == ["3"] and loop.exits == 0
+
+
+class Finishing(Engine):
+    """Each request gets ``tokens`` in one step, finished by vLLM with ``reason`` (None: not finished)."""
+
+    def __init__(self, tokens, reason):
+        super().__init__()
+        self.tokens, self.reason = tokens, reason
+
+    def step(self):
+        return [SimpleNamespace(request_id=request_id, finished=self.reason is not None, outputs=[SimpleNamespace(
+            token_ids=list(self.tokens), logprobs=None, finish_reason=self.reason)]) for request_id in self.added]
+
+
+def constrained(uid, matcher=None):
+    seq = sequence(uid, {"inputs": "x", "parameters": {"max_new_tokens": 8, "guided_regex": "[a-z]{2}"}})
+    seq.grammar = matcher
+    return seq
+
+
+def run_one(engine, seq):
+    loop = loop_over(engine)
+    loop.add(seq)
+    return loop.step()[seq.uid]
+
+
+@pytest.mark.parametrize("reason", ["error", "abort"])
+def test_a_request_vllm_ends_as_an_error_fails_alone_never_as_a_finished_answer(reason):
+    events = run_one(Finishing([40, 41], reason), constrained(1))
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == 400
+    assert events[-1].message.startswith("generation failed (vLLM): parameters.guided_regex: vLLM's grammar engine "
+                                         "could not follow this constraint")
+    events = run_one(Finishing([40, 41], reason), sequence(2, {"inputs": "x", "parameters": {"max_new_tokens": 8}}))
+    assert isinstance(events[-1], ErrorEvent) and events[-1].code == 424
+    events = run_one(Finishing([40, 41], "length"), sequence(3, {"inputs": "x", "parameters": {"max_new_tokens": 8}}))
+    assert events[-1].finish_reason.value == "length"  # vLLM's own limit (the model's length): the answer so far
+
+
+@pytest.mark.parametrize("accepting, last", [(True, "eos_token"), (False, None)])
+def test_a_constrained_answer_that_ends_short_of_its_grammar_fails(accepting, last):
+    """vLLM's matcher ends a request whose grammar failed while masking with end-of-sequence."""
+    consumed = []
+    matcher = SimpleNamespace(consume_tokens=lambda tokens: consumed.append(tokens) or True,
+                              is_accepting=lambda: accepting)
+    events = run_one(Finishing([40, 2], "stop"), constrained(4, matcher))
+    assert consumed == [[40]]  # the answer without its end-of-sequence
+    if last is not None:
+        assert events[-1].finish_reason.value == last
+    else:
+        assert isinstance(events[-1], ErrorEvent) and events[-1].code == 400
+        assert "the answer ended before the constraint was met" in events[-1].message
+
+
+@pytest.mark.parametrize("prompt, tokens, checked", [
+    ([5, 6, 7], [30, 50, 31, 40, 2], [[40]]),  # the grammar starts after the answer's end of reasoning
+    ([5, 30, 31], [40, 2], [[40]]),  # the prompt closed the reasoning: the grammar holds from the start
+    ([5, 6, 7], [30, 50, 2], []),  # the reasoning never ended: vLLM's grammar never began, nothing to check
+])
+def test_with_a_reasoning_parser_the_end_is_checked_where_vllms_grammar_starts(prompt, tokens, checked):
+    import dataclasses
+
+    from lmi_handlers.structured.reasoning import Reasoning
+
+    consumed = []
+    matcher = SimpleNamespace(consume_tokens=lambda ids: consumed.append(ids) or True, is_accepting=lambda: True)
+    seq = constrained(5, matcher)
+    seq.prompt_ids = prompt
+    seq.request = dataclasses.replace(seq.request, reasoning=Reasoning("qwen3", "<think>", "</think>", 30, 31, False))
+    events = run_one(Finishing(tokens, "stop"), seq)
+    assert consumed == checked and events[-1].finish_reason.value == "eos_token"

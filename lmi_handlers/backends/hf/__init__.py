@@ -62,4 +62,4 @@ def load(deployment: Any) -> Backend:
         return HFPooler(config)  # type: ignore[return-value]
     from .backend import HFBackend
 
-    return HFBackend(config, deployment.options)
+    return HFBackend(config, deployment.options, deployment.grammar)

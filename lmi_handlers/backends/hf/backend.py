@@ -46,7 +46,9 @@ from .options import HfOptions
 from .paged_cache import BlockManager, PoolPlan, make_paged_cache
 from .plan import HfPlan, plan
 from .quantize import model_bytes, quantize_weights
+from ..rows import Rows
 from ..sampler import HONOURED_FIELDS, select_tokens
+from ...structured.admission import GrammarBudget
 from ...structured.masks import GrammarMasks
 from ..tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
@@ -104,7 +106,7 @@ class HFBackend:
     #: min_p, penalties, logit_bias and top_logprobs, applied by ``sampler.select_tokens``.
     request_fields = HONOURED_FIELDS
 
-    def __init__(self, config: HandlerConfig, options: HfOptions):
+    def __init__(self, config: HandlerConfig, options: HfOptions, grammar: GrammarBudget = GrammarBudget()):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -173,7 +175,7 @@ class HFBackend:
         self.max_sequence_length = self.plan.max_sequence_length
         self.max_batch_size = self.plan.batch_size
         self.pool = self.plan.pool
-        self.grammars = GrammarMasks(tokenizer, self.tokenizer.eos_ids)
+        self.grammars = GrammarMasks(tokenizer, self.tokenizer.eos_ids, self.vocab_size, grammar)
         self._keep = _logits_keep_argument(model)
         self.cache_keyword = cache_keyword(model)
         self.runner = self._choose_runner()
@@ -227,6 +229,10 @@ class HFBackend:
             weights = load_lora(self.torch, self.model, self.lora_rows, spec)
         logger.info("adapter %s: %d modules, %.1f MiB", spec.name, len(weights.modules), weights.bytes / 2**20)
         return weights
+
+    def compile_grammar(self, constraint: Any) -> Any:
+        """``constraint``'s matcher, compiled within the grammar budgets at admission (``structured/admission.py``)."""
+        return self.grammars.compile(constraint)
 
     def speculation_stats(self) -> dict[str, Any]:
         """Draft tokens proposed and accepted so far, for the engine's stats line ({} without speculation)."""
@@ -319,22 +325,21 @@ class NativeRunner:
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         new, running = split_batch(batch)
-        seqs, rows = [], []
-        lora = self.backend.lora_rows
-        for seq in new:
-            with lora.select([seq.adapter], [len(seq.prompt_ids)]):
-                logits, seq.backend_state = self.logits_for(seq.prompt_ids)
-            seqs.append(seq)
-            rows.append(logits)
-        for seq in running:
-            with lora.select([seq.adapter], [1]):
-                logits, seq.backend_state = self.logits_for(seq.generated[-1:], seq.backend_state)
-            seqs.append(seq)
-            rows.append(logits)
-        if not seqs:
-            return {}
-        picked = select_tokens(self.torch, self.torch.cat(rows), seqs, self.backend.grammars)
-        return {seq.uid: choice for seq, choice in zip(seqs, picked)}
+        rows = Rows(new + running)
+        logits = rows.each("forward", lambda row: self._forward(rows.seqs[row], row < len(new)))
+        seqs = [rows.seqs[row] for row in logits]
+        out: dict[int, Any] = rows.by_uid()
+        if seqs:
+            picked = select_tokens(self.torch, self.torch.cat(list(logits.values())), seqs, self.backend.grammars)
+            out.update((seq.uid, choice) for seq, choice in zip(seqs, picked))
+        return out
+
+    def _forward(self, seq: SequenceState, new: bool) -> Any:
+        """The sequence's next logits (its prompt's, or its last token's), with its adapter; its cache kept."""
+        ids = seq.prompt_ids if new else seq.generated[-1:]
+        with self.backend.lora_rows.select([seq.adapter], [len(ids)]):
+            logits, seq.backend_state = self.logits_for(ids, None if new else seq.backend_state)
+        return logits
 
     def release(self, seq: SequenceState) -> None:
         seq.backend_state = None
@@ -385,13 +390,17 @@ class PagedRunner:
             if not group:
                 continue
             began = time.perf_counter()
-            logits = self._forward(group)
+            # A forward that fails runs again chunk by chunk, so that a chunk whose adapter fails ends alone.
+            isolated = Rows([chunk.seq for chunk in group])
+            done, logits = isolated.batched("forward", lambda live: self._forward([group[i] for i in live]),
+                                            self.torch.stack)
+            out.update(isolated.by_uid())
             if self.speculator is not None and (group is decode or not longer):  # plain decode steps: the cost model
                 self.speculator.cost.observe(len(group), time.perf_counter() - began)
-            keep = [i for i, chunk in enumerate(group) if chunk.sample]
+            keep = [k for k, i in enumerate(done) if group[i].sample]
             if keep:
-                rows.append(logits if len(keep) == len(group) else logits[self.torch.tensor(keep)])
-                seqs += [group[i].seq for i in keep]
+                rows.append(logits if len(keep) == len(done) else logits[self.torch.tensor(keep)])
+                seqs += [group[done[k]].seq for k in keep]
         if seqs:
             picked = select_tokens(self.torch, rows[0] if len(rows) == 1 else self.torch.cat(rows), seqs,
                                    self.backend.grammars)

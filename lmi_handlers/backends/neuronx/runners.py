@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ...sequence import SequenceState
+from ..rows import Rows
 from ..sampler import select_tokens
 
 
@@ -68,14 +69,20 @@ class ContinuousRunner:
             seq_ids = torch.tensor([seq.backend_state for seq in decoding], dtype=torch.int32)
             rows.append(self.model.forward(ids, cache_ids, seq_ids))
             seqs += decoding
-        for seq in new:
-            if len(seq.prompt_ids) > 1:
-                ids = torch.tensor([seq.prompt_ids], dtype=torch.long)
-                cache_ids = torch.arange(len(seq.prompt_ids), dtype=torch.int32)[None]
-                rows.append(self.model.forward(ids, cache_ids, torch.tensor([seq.backend_state], dtype=torch.int32)))
-                seqs.append(seq)
-        picked = select_tokens(torch, torch.cat(rows), seqs)
-        return {seq.uid: choice for seq, choice in zip(seqs, picked)}
+        prompts = Rows([seq for seq in new if len(seq.prompt_ids) > 1])
+        prefilled = prompts.each("prefill", lambda row: self._prefill(prompts.seqs[row]))
+        rows += prefilled.values()
+        seqs += [prompts.seqs[row] for row in prefilled]
+        out: dict[int, Any] = prompts.by_uid()
+        if seqs:
+            out.update(zip((seq.uid for seq in seqs), select_tokens(torch, torch.cat(rows), seqs)))
+        return out
+
+    def _prefill(self, seq: SequenceState) -> Any:
+        torch = self.torch
+        ids = torch.tensor([seq.prompt_ids], dtype=torch.long)
+        cache_ids = torch.arange(len(seq.prompt_ids), dtype=torch.int32)[None]
+        return self.model.forward(ids, cache_ids, torch.tensor([seq.backend_state], dtype=torch.int32))
 
     def release(self, seq: SequenceState) -> None:
         self.slots.release(seq)

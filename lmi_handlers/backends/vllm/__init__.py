@@ -63,7 +63,7 @@ def load(deployment: Any) -> Any:
         return VllmPooler(deployment.config, deployment.options, deployment.tools, deployment.lora)
     from .engine import VllmBackend
 
-    return VllmBackend(deployment.config, deployment.options, deployment.tools, deployment.lora)
+    return VllmBackend(deployment.config, deployment.options, deployment.tools, deployment.lora, deployment.grammar)
 
 
 def step_loop(backend: Any) -> Any:

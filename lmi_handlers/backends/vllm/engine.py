@@ -7,6 +7,14 @@ rolling-batch ``handle`` call) takes what vLLM's engine core produced since the 
 through its ``SequenceState``, so events, stop sequences and bytes are the same as on our engine. A sequence our
 side finishes first (a stop sequence) is aborted in vLLM; a client that goes away aborts its request.
 
+A constrained request is compiled at admission with vLLM's tokenizer and the limits vLLM's own matcher gets
+(``compile_grammar``, ``structured/admission.py``), so that what vLLM cannot follow is a 400 before it runs. What
+vLLM's grammar still fails on while generating ends that request alone as an error, never as a finished answer:
+vLLM ends it with ``finish_reason`` "error" (its matcher refused a token), or, where its matcher fails while
+masking, with end-of-sequence; so a constrained answer that ends at end-of-sequence is checked against its grammar
+(the admission's matcher consumes it) before it is reported finished (``sampling.append_output``, which the async
+driver shares).
+
 vLLM's engine core cannot recover from a failed step: it stops, and every later call raises. The loop then fails
 every request with a 503 that says so and ends this worker process a moment later, as vLLM's own server exits, so
 that the server (``lmi serve``, DJLServing) starts a fresh one instead of answering errors forever. An engine core
@@ -26,6 +34,7 @@ from ...config import HandlerConfig
 from ...errors import ConfigError, EngineStopped
 from ...events import Event
 from ...sequence import SequenceState
+from ...structured.admission import GrammarBudget, GrammarCompiler
 from ...structured.tools import Parser, ToolCalling, ToolOptions
 from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
 from ..tokenizer import HFTokenizer
@@ -54,7 +63,8 @@ class VllmBackend:
     #: Engine arguments a subclass sets whatever the options say (the pooler: vLLM's pooling runner).
     engine_overrides: dict[str, Any] = {}
 
-    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions):
+    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions,
+                 grammar: GrammarBudget = GrammarBudget()):
         import vllm
         from vllm import EngineArgs
         from vllm.config import StructuredOutputsConfig
@@ -94,11 +104,21 @@ class VllmBackend:
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
+        # llguidance's tokenizer as vLLM's guidance backend converts it, with llguidance's default limits (those of
+        # vLLM's own matchers): what passes here is what vLLM's matcher gets.
+        hf = self.tokenizer.hf
+        self.grammars = GrammarCompiler(hf, max(self.vocab_size, len(hf)), hf.eos_token_id,
+                                        grammar, library_limits=True)
         # After a step that prefilled only part of a prompt, vLLM rewinds that request's own random generator (one
         # exists only for a request with a seed), and a CPU generator cannot rewind: on vLLM's CPU build the engine
         # stops ("CPU Generator does not use offset"). Prompts are split only with chunked prefill.
         self.seeds_stop_engine = (vllm_config.device_config.device_type == "cpu"
                                   and vllm_config.scheduler_config.enable_chunked_prefill)
+
+    def compile_grammar(self, constraint: Any) -> Any:
+        """``constraint`` checked at admission as vLLM's matcher will run it (``structured/admission.py``); the
+        matcher, which checks an answer that ends at end-of-sequence (``sampling.append_output``)."""
+        return self.grammars.compile(constraint)
 
     def make_engine(self) -> "VllmLoop":
         """vLLM's ``LLMEngine``, stepped by the handler's rolling batch (DJL's sync mode)."""

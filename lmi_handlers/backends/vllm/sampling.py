@@ -11,16 +11,14 @@ Structured output and LoRA adapters arrive as ready-made vLLM objects (``structu
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
-from typing import Any, Collection
+from typing import Any, Collection, Sequence
 
-from ...errors import invalid_field, status_of
-from ...events import Event, FinishReason
+from ...engine import fail_alone
+from ...errors import BackendError, InvalidRequest, SequenceFailed, invalid_field
+from ...events import Event, FinishReason, GenerationResult
 from ...schemas import Schema
 from ...sequence import SequenceState
-
-logger = logging.getLogger(__name__)
 
 #: Request fields this backend honours beyond the ones every backend does (``schemas.OFF_VALUES`` names them).
 EXTRA_FIELDS = ("min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
@@ -78,15 +76,63 @@ def append_output(seq: SequenceState, output: Any) -> list[Event]:
         try:
             events += seq.append(token_id, log_prob, top)
         except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-            logger.exception("detokenizing sequence %d failed", seq.uid)
-            events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
+            events.append(fail_alone(seq, SequenceFailed("detokenizing", exc)))
         if seq.finished:
             break
     if not seq.finished and output.finished:
-        # vLLM ended it at a limit of its own (the model length): what was generated is the answer.
-        seq.finished = True
-        events.append(seq.result(FinishReason.LENGTH))
+        events.append(_ended_by_vllm(seq, completion.finish_reason))
+    elif events and isinstance(events[-1], GenerationResult) and events[-1].finish_reason is FinishReason.EOS:
+        events[-1:] = [_checked_end(seq, events[-1])]
     return events
+
+
+def _ended_by_vllm(seq: SequenceState, reason: Any) -> Event:
+    """A sequence vLLM finished before our side did: at a limit of its own (the model length), what was generated is
+    the answer; as an error ("error", "abort": its grammar refused a token, a failure of its own), it fails alone."""
+    seq.finished = True
+    if str(reason) not in ("error", "abort"):
+        return seq.result(FinishReason.LENGTH)
+    constraint = seq.request.constraint
+    cause: Exception = BackendError(f"vLLM ended the request ({reason})")
+    if constraint is not None:
+        cause = InvalidRequest(f"{constraint.field}: vLLM's grammar engine could not follow this constraint while "
+                               "generating", field=constraint.field)
+    return fail_alone(seq, SequenceFailed("vLLM", cause))
+
+
+def _checked_end(seq: SequenceState, result: GenerationResult) -> Event:
+    """``result`` if the constraint (when there is one) accepts the answer; vLLM's matcher ends a request whose
+    grammar failed while masking with end-of-sequence, so an answer that stops short of its grammar fails instead."""
+    matcher, constraint = seq.grammar, seq.request.constraint
+    tokens = _constrained(seq)
+    if matcher is None or constraint is None or tokens is None:
+        return result
+    if matcher.consume_tokens(tokens) and matcher.is_accepting():
+        return result
+    return fail_alone(seq, SequenceFailed("vLLM", InvalidRequest(
+        f"{constraint.field}: vLLM's grammar engine could not follow this constraint: the answer ended before the "
+        "constraint was met", field=constraint.field)))
+
+
+def _constrained(seq: SequenceState) -> list[int] | None:
+    """The answer's tokens that vLLM's grammar followed (the last, end-of-sequence, left out): with a reasoning parser
+    (vLLM's ``StructuredOutputManager``), all of them where the prompt closed the reasoning, else those after the
+    answer's first end token; None where the reasoning never ended (the grammar never began)."""
+    tokens = seq.generated[:-1]
+    reasoning = seq.request.reasoning
+    if reasoning is None or _reasoning_closed(seq.prompt_ids, reasoning):
+        return tokens
+    if reasoning.end_id not in tokens:
+        return None
+    return tokens[tokens.index(reasoning.end_id) + 1:]
+
+
+def _reasoning_closed(ids: Sequence[int], reasoning: Any) -> bool:
+    """Whether the last reasoning tag in ``ids`` is an end tag (vLLM's ``is_reasoning_end``)."""
+    for token in reversed(ids):
+        if token in (reasoning.start_id, reasoning.end_id):
+            return token == reasoning.end_id
+    return False
 
 
 def check_request(seq: SequenceState, backend: Any) -> None:

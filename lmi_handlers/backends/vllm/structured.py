@@ -26,10 +26,10 @@ def structured_outputs(constraint: Constraint | None) -> dict[str, Any] | None:
     """Keyword arguments of ``StructuredOutputsParams`` for ``constraint``; None when there is none."""
     if constraint is None:
         return None
-    if constraint.kind == "regex":
-        return {"regex": constraint.spec}
-    if constraint.kind == "choice":
-        return {"choice": json.loads(constraint.spec)}
+    if constraint.kind in ("regex", "choice"):
+        # A choice as the regex the hf engine masks with: vLLM's own "choice" grammar is one rule with an alternative
+        # per choice, which llguidance's parser refuses past 2,000 (vLLM then ends the request as an error).
+        return {"regex": constraint.regex}
     spacing: dict[str, Any] = ({"disable_any_whitespace": True} if constraint.whitespace is None
                                else {"whitespace_pattern": constraint.whitespace})
     if constraint.any_object:
