@@ -297,11 +297,11 @@ def test_a_grammar_failing_mid_stream_ends_only_its_own_stream_in_async_mode(tin
     one whose grammar is refused at admission gets its 400 before it runs, and the streams in flight beside them
     answer as they do alone, with none of the hostile requests' text."""
     pytest.importorskip("llguidance")
-    from .test_hf_backend import STOCK_KERNELS
+    from .test_hf_backend import STOCK_FP32
     from .test_step_isolation import GOOD, HOSTILE, SECRET, answer, wrap_matchers
 
     module = module_of(Handler())
-    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "async_mode": "true", **STOCK_KERNELS}
+    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "async_mode": "true", **STOCK_FP32}
     module.run(call("ours", module, init_input(props)))
     good = [GOOD["stream"], {**GOOD["digits"], "stream": True}, GOOD["json"]]
     alone = [text(module.run(_many("ours", module, [payload]))[0]) for payload in good]
