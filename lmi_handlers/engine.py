@@ -110,14 +110,15 @@ class Engine:
         return events
 
     @staticmethod
-    def _append(seq: SequenceState, picks: tuple[int, float] | list[tuple[int, float]]) -> tuple[int, list[Event]]:
-        """Append one step's token(s) until the sequence finishes; returns (tokens appended, events)."""
+    def _append(seq: SequenceState, picks: tuple | list[tuple]) -> tuple[int, list[Event]]:
+        """Append one step's token(s) until the sequence finishes; returns (tokens appended, events). A pick is
+        (token id, log probability), or with the most likely alternatives (``Backend.step``)."""
         events: list[Event] = []
         appended = 0
-        for token_id, log_prob in picks if isinstance(picks, list) else [picks]:
+        for pick in picks if isinstance(picks, list) else [picks]:
             appended += 1
             try:
-                events += seq.append(token_id, log_prob)
+                events += seq.append(*pick)
             except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
                 logger.exception("detokenizing sequence %d failed", seq.uid)
                 events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))

@@ -22,15 +22,21 @@ from .encoding import Encoder, choose_format, dumps, error_object
 from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
 from .request import GenerationRequest, Payload, Schema, decode_body, parse_payload
+from .schemas import MAX_SEED
 from .sequence import SequenceState
 from .structured import tools as tool_calling
 
 
 class Job:
-    def __init__(self, payload: Payload, seqs: list[SequenceState], encoders: list[Encoder]):
+    """One request's sequences and encoders: one encoder per prompt, one sequence per choice of each (``n``);
+    ``choices`` gives each sequence's (encoder, choice index), by default one sequence per encoder."""
+
+    def __init__(self, payload: Payload, seqs: list[SequenceState], encoders: list[Encoder],
+                 choices: list[tuple[int, int]] | None = None):
         self.payload = payload
         self.seqs = seqs
         self.encoders = encoders
+        self.choices = choices if choices is not None else [(i, 0) for i in range(len(seqs))]
         self.results: dict[int, GenerationResult] = {}
         self.error: ErrorEvent | None = None
 
@@ -59,7 +65,7 @@ class Job:
     def take(self, events: Mapping[int, list[Event]]) -> str:
         """The text due now for this step's events (those of other jobs are ignored)."""
         out = []
-        for seq, encoder in zip(self.seqs, self.encoders):
+        for seq, (encoder, index) in zip(self.seqs, self.choices):
             mine = events.get(seq.uid)
             if not mine or self.error is not None:
                 continue
@@ -69,9 +75,10 @@ class Job:
                 elif isinstance(event, ErrorEvent):
                     self.error = event
             if not self.payload.many:
-                out.append(encoder.encode(mine))
+                out.append(self.encoders[encoder].encode(mine, index))
         if self.payload.many and self.done and self.error is None:
-            results = [enc.result_object(self.results[seq.uid]) for seq, enc in zip(self.seqs, self.encoders)]
+            results = [enc.result_object(*[self.results[seq.uid] for seq, (owner, _) in zip(self.seqs, self.choices)
+                                           if owner == i]) for i, enc in enumerate(self.encoders)]
             legacy = self.payload.requests[0].schema is Schema.LEGACY
             out.append(dumps({"outputs": results} if legacy else results))
         return "".join(out)
@@ -99,7 +106,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     chosen = adapters.for_inputs(named, len(payload.requests)) if adapters is not None else [None] * len(
         payload.requests)
     accept = item.get_property("Accept")
-    seqs, encoders = [], []
+    seqs, encoders, choices = [], [], []
     for request, adapter in zip(payload.requests, chosen):
         request = _structured(request, config, backend)
         _check_supported(request, backend)
@@ -108,14 +115,22 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
         seed = request.sampling.seed
         if seed is None and request.sampling.do_sample:
             seed = _seed(server_seed)
-        seqs.append(SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
-                                  eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
-                                  max_new_tokens=max_new, seed=seed))
-        seqs[-1].adapter = adapter
+        first = None
+        for index in range(request.n):
+            # Choice i samples with seed + i, as vLLM seeds a request's n children: each its own answer, and a
+            # seeded request's choices the same every time.
+            seq = SequenceState(request, prompt_ids, decode=backend.tokenizer.decode,
+                                eos_ids=backend.tokenizer.eos_ids, special_ids=backend.tokenizer.special_ids,
+                                max_new_tokens=max_new, seed=None if seed is None else (seed + index) & MAX_SEED)
+            seq.adapter, seq.fork_of = adapter, first  # the others share the first choice's prompt blocks
+            if first is None:
+                first = seq
+            seqs.append(seq)
+            choices.append((len(encoders), index))
         fmt = choose_format(request, config.output_formatter, accept, config.tgi_compat,
                             rolling=config.rolling and not payload.many)
         encoders.append(Encoder(request, fmt, prompt_text, model_name=os.path.basename(config.model_id.rstrip("/"))))
-    return Job(payload, seqs, encoders)
+    return Job(payload, seqs, encoders, choices)
 
 
 def _structured(request: GenerationRequest, config: HandlerConfig, backend: Backend) -> GenerationRequest:
@@ -134,13 +149,19 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
 
 def _check_supported(request: GenerationRequest, backend: Backend) -> None:
     """Refuse the sampling fields this backend does not honour (``Backend.request_fields``), naming the field as the
-    client wrote it, rather than answer as if it had been applied."""
+    client wrote it, rather than answer as if it had been applied; and a logit bias on an id outside the model's
+    vocabulary (``Backend.vocab_size``), which would otherwise fail the whole batch's step."""
+    prefix = "" if request.schema is Schema.CHAT else "parameters."
     honoured = getattr(backend, "request_fields", frozenset())
     for name, value in request.sampling.extras().items():
         if name not in honoured:
-            field = name if request.schema is Schema.CHAT else f"parameters.{name}"
-            raise invalid_field(field, value, f"not supported by the {backend.name} backend (the vllm backend, "
-                                "option.rolling_batch=vllm, supports it); omit it")
+            raise invalid_field(prefix + name, value, f"not supported by the {backend.name} backend (the hf and "
+                                "vllm backends support it); omit it")
+    vocab = getattr(backend, "vocab_size", None)
+    outside = [token for token, _ in request.sampling.logit_bias or () if vocab is not None and token >= vocab]
+    if outside:
+        raise InvalidRequest(f"{prefix}logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 "
+                             f"to {vocab - 1})", field=f"{prefix}logit_bias", value=outside[0])
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:
@@ -178,7 +199,7 @@ def _seed(server_seed: Any) -> int:
     """The server's per-request seed (rolling batch sends one), else a random one."""
     if server_seed is not None:
         try:
-            return int(server_seed) & (2**63 - 1)
+            return int(server_seed) & MAX_SEED
         except (TypeError, ValueError):
             pass
     return int.from_bytes(os.urandom(7), "big")

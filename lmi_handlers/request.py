@@ -29,7 +29,7 @@ __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "S
            "decode_body", "parse_payload"]
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                  "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos",
+                  "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos", "n",
                   "ignore_eos_token", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs",
                   *structured.GUIDED_FIELDS)
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
@@ -166,10 +166,10 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
                                         "ignore_eos": params.get(eos_key)}, names)
     many, prompts = _prompts("inputs", data["inputs"], limits)
     response = {"stream": data.get("stream"), "details": params.get("details"),
-                "return_full_text": params.get("return_full_text")}
+                "return_full_text": params.get("return_full_text"), "n": params.get("n")}
     constraint = structured.from_guided(params, "parameters.")
-    return Payload(tuple(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
-                                 sampling=sampling, stopping=stopping, constraint=constraint)
+    return Payload(tuple(_check_choices(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
+                                                sampling=sampling, stopping=stopping, constraint=constraint), names)
                          for prompt in prompts), many=many)
 
 
@@ -215,11 +215,16 @@ def _chat_content(field: str, content: Any) -> str:
     raise invalid_field(field, content, "expected a string or a list of text parts")
 
 
-def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
-    """OpenAI fields accepted only at the value that means "off"."""
-    n = data.get("n")
-    if n is not None and (type(n) is not int or n != 1):
-        raise invalid_field("n", n, "only n=1 is supported")
+def _check_choices(request: GenerationRequest, names: Mapping[str, str]) -> GenerationRequest:
+    """Several choices are several samples: greedy decoding would give n copies of one answer (vLLM refuses it)."""
+    if request.n > 1 and request.sampling.greedy:
+        how = "set parameters.do_sample to true" if request.schema is Schema.LMI else "set a temperature above 0"
+        raise invalid_field(names.get("n", "n"), request.n, f"more than one choice needs sampling: {how}, or ask "
+                            "for n=1 (greedy decoding gives n copies of one answer)")
+    return request
+
+
+def _check_chat_strings(data: Mapping[str, Any]) -> None:
     for name in ("model", "user"):
         if data.get(name) is not None and not isinstance(data[name], str):
             raise invalid_field(name, data[name], "expected a string")
@@ -227,7 +232,7 @@ def _check_chat_unsupported(data: Mapping[str, Any]) -> None:
 
 def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: RequestLimits) -> GenerationRequest:
     _check_known(data, CHAT_FIELDS, "")
-    _check_chat_unsupported(data)
+    _check_chat_strings(data)
     budget_key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
     stream_options = _object("stream_options", data.get("stream_options"))
     _check_known(stream_options, ("include_usage",), "stream_options")
@@ -235,18 +240,22 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: Re
     # OpenAI samples unless the temperature is 0.
     sampling = checked(SamplingParams, {key: data.get(key) for key in SAMPLING_FIELDS if key != "do_sample"},
                        names, do_sample=True)
+    if sampling.top_logprobs and data.get("logprobs") is not True:
+        raise invalid_field("top_logprobs", sampling.top_logprobs, "alternatives come with logprobs: true (as OpenAI "
+                            "and vLLM require); send it too")
     max_new_tokens = data.get(budget_key)
     stopping = checked(StoppingParams, {"max_new_tokens": default_max_new_tokens if max_new_tokens is None
                                         else max_new_tokens, "stop": data.get("stop"),
                                         "ignore_eos": data.get("ignore_eos")}, names)
     response = {"stream": data.get("stream"), "details": data.get("logprobs"),
-                "include_usage": stream_options.get("include_usage")}
+                "include_usage": stream_options.get("include_usage"), "n": data.get("n")}
     tools = tool_calling.parse_tools(data)
     constraint = structured.one_of(structured.from_response_format(data.get("response_format")),
                                    structured.from_guided(data), tools.constraint() if tools else None)
-    return checked(GenerationRequest, response, names, schema=Schema.CHAT, prompt="", sampling=sampling,
-                   stopping=stopping, messages=_chat_messages(data.get("messages"), limits), model=data.get("model"),
-                   constraint=constraint, tools=tools)
+    return _check_choices(checked(GenerationRequest, response, names, schema=Schema.CHAT, prompt="",
+                                  sampling=sampling, stopping=stopping,
+                                  messages=_chat_messages(data.get("messages"), limits), model=data.get("model"),
+                                  constraint=constraint, tools=tools), names)
 
 
 def _parse_legacy(data: Mapping[str, Any], limits: RequestLimits) -> Payload:

@@ -11,6 +11,9 @@ preempted: its blocks go back, and it waits at the head of the queue to be recom
 tokens generated so far, prefilled again; with prefix caching most of it is found in the cache). Its
 output so far is kept, so nothing is lost or repeated.
 
+The choices of one request (``n`` > 1) arrive together; the first prefills the prompt, and the others wait at the
+head of the queue until it has, then share its prompt's KV blocks (``paged_cache.BlockManager``).
+
 Budget (``option.max_rolling_batch_prefill_tokens``): without chunked prefill it only limits admission
 (one prompt always fits), so that many prompts arriving together are prefilled over several steps and the first
 of them answer while the rest wait, instead of all answering after one long prefill; with
@@ -65,6 +68,8 @@ class Scheduler:
             seq = waiting[0]
             if not self._adapter_fits(seq, running):
                 break  # its adapter would exceed option.max_loras: it waits for one to leave the batch
+            if self._prompt_pending(seq, running):
+                break  # another choice of its request is computing the prompt blocks it will share
             if not self.chunked and prefilled_any and seq.length > budget:
                 break  # the rest waits for the next step; one prompt always fits
             cached = self.kv.admit(seq) if self.kv is not None else 0
@@ -84,6 +89,12 @@ class Scheduler:
             return True
         in_batch = {s.adapter.uid for s in running if s.adapter is not None}
         return seq.adapter.uid in in_batch or len(in_batch) < self.max_adapters
+
+    def _prompt_pending(self, seq: SequenceState, running: list[SequenceState]) -> bool:
+        """Whether ``seq`` should wait for the choice it forks from (``n`` > 1) to compute their shared prompt."""
+        source = seq.fork_of
+        return (source is not None and self.kv is not None and source in running
+                and source.num_cached < self.kv.shareable(seq))
 
     def _room_for_next_token(self, seq: SequenceState, waiting: deque[SequenceState],
                              running: list[SequenceState]) -> bool:

@@ -26,6 +26,8 @@ MAX_SEED = 2**63 - 1
 MAX_STOP_SEQUENCES = 16
 MAX_LOGIT_BIAS = 300
 MAX_TOP_LOGPROBS = 20
+#: The most choices one request may ask for (``n``): OpenAI's own limit (vLLM's default allows 16,384).
+MAX_CHOICES = 128
 
 
 @dataclass(frozen=True)
@@ -133,8 +135,8 @@ class SamplingParams:
     repetition_penalty: float = ruled(1.0, Rule(float, low=0, low_open=True))
     #: Seeds the request's own random generator, so that the same seed samples the same tokens.
     seed: int | None = ruled(None, Rule(int, low=0, high=MAX_SEED))
-    # The fields below are honoured by the backends that list them in ``request_fields`` (vllm); the others
-    # refuse a request that sets one (``job.py``). None, or the value that means "off", is "not set".
+    # The fields below are honoured by the backends that list them in ``request_fields`` (hf, neuronx, vllm); the
+    # others refuse a request that sets one (``job.py``). None, or the value that means "off", is "not set".
     #: Drop tokens whose probability is below min_p times the most likely token's.
     min_p: float | None = ruled(None, Rule(float, low=0, high=1))
     #: Subtracted from the logit of every token already generated (OpenAI's meaning), in [-2, 2].
@@ -194,6 +196,8 @@ class GenerationRequest:
     prompt: str
     sampling: SamplingParams
     stopping: StoppingParams
+    #: How many answers (choices) to generate for the prompt, each its own sampled sequence.
+    n: int = ruled(1, Rule(int, low=1, high=MAX_CHOICES))
     #: Send tokens as they are generated.
     stream: bool = ruled(False, Rule(bool))
     #: Per-token ids, texts and log probabilities (``logprobs`` in the chat schema).

@@ -43,6 +43,8 @@ class SequenceState:
         self.speculation: tuple[int, int] | None = None
         #: The LoRA adapter this sequence runs with (``adapters.Adapter``), None for the base model.
         self.adapter: Any = None
+        #: Another choice of the same request (``n`` > 1) whose prompt's KV blocks this one shares, if it can.
+        self.fork_of: SequenceState | None = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._decode = decode

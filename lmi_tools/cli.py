@@ -10,6 +10,7 @@ from importlib import import_module
 import typer
 
 from .errors import ToolError
+from .outputs import describe
 
 
 def _flag_type_hidden() -> None:
@@ -100,7 +101,10 @@ for _full_name, _info in _commands(app):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        result = app(args=args, standalone_mode=False)
+        try:
+            result = app(args=args, standalone_mode=False)
+        except OSError as exc:  # the file system refused what no command checked first: a message, not a traceback
+            raise ToolError(describe(exc)) from None
         return result if isinstance(result, int) else 0
     except ToolError as exc:
         if "--json" in args:  # a caller that asked for JSON gets JSON on stdout, failures included

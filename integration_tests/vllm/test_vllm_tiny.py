@@ -1,5 +1,5 @@
 """The vllm backend outside rolling batch (single requests and dynamic batches) on the tiny random model, and the
-sampling fields only vLLM honours."""
+OpenAI sampling fields (bias, penalties, min-p, top log probabilities, n choices) reaching vLLM's sampler."""
 
 import json
 import threading
@@ -78,3 +78,12 @@ def test_a_logit_bias_outside_the_vocabulary_gets_its_own_400(server):
     error = post(server, greedy(PROMPTS[0], logit_bias={"999999": 5})).json()
     assert error["code"] == 400 and "logit_bias: token id 999999 is not in this model's vocabulary" in error["error"]
     assert post(server, greedy(PROMPTS[0])).status_code == 200
+
+
+def test_n_choices_are_vllm_requests_seeded_as_vllm_seeds_a_requests_children(server):
+    body = greedy(PROMPTS[0], do_sample=True, seed=5, n=3, ignore_eos=True)
+    details = post(server, body).json()["details"]
+    choices = [details] + details["best_of_sequences"]
+    assert [c["seed"] for c in choices] == [5, 6, 7] and all(c["generated_tokens"] == MAX_TOKENS for c in choices)
+    alone = post(server, greedy(PROMPTS[0], do_sample=True, seed=6, ignore_eos=True)).json()["details"]
+    assert [t["id"] for t in choices[1]["tokens"]] == [t["id"] for t in alone["tokens"]]

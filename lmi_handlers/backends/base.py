@@ -66,7 +66,8 @@ class Backend(Protocol):
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float] | list[tuple[int, float]]]:
         """Run ``batch``; returns ``{sequence uid: (token id, log probability)}`` for every chunk whose
-        ``sample`` is true. A backend that speculates may answer a list of them for a sequence (the tokens it
+        ``sample`` is true; for a sequence that asks for ``top_logprobs``, (token id, log probability, the most
+        likely (token id, log probability) pairs, most likely first). A backend that speculates may answer a list of them for a sequence (the tokens it
         verified in this step, in order): the engine appends them until the sequence finishes."""
         ...
 

@@ -16,6 +16,7 @@ import jinja2
 from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
+from ..outputs import check_writable
 from .handler_config import handler_config, ignored_options
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
@@ -82,6 +83,7 @@ def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: b
     existing = [name for name in files if (out / name).exists()]
     if existing and not force:
         raise UsageError(f"{out} already has {', '.join(existing)}", hint="pass --force to overwrite them")
+    check_writable(out, folder=True)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():

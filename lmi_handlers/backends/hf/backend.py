@@ -42,7 +42,7 @@ from .options import KEYS, HfOptions
 from .paged_cache import BlockManager, PoolPlan, make_paged_cache
 from .plan import HfPlan, plan, resolve_dtype
 from .quantize import model_bytes, quantize_weights
-from ..sampler import select_tokens
+from ..sampler import HONOURED_FIELDS, select_tokens
 from ...structured.masks import GrammarMasks
 from .tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
@@ -96,6 +96,8 @@ class HFBackend:
     #: Constrained requests are sampled under their grammar's token masks (``structured/masks.py``).
     structured_output = True
     option_keys = KEYS
+    #: min_p, penalties, logit_bias and top_logprobs, applied by ``sampler.select_tokens``.
+    request_fields = HONOURED_FIELDS
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -144,6 +146,9 @@ class HFBackend:
         model = AutoModelForCausalLM.from_pretrained(config.model_id, **kwargs).eval()
         if not multi_gpu:
             model.to(device)
+        #: The logits' width: a logit_bias id beyond it is refused at admission (``job.py``).
+        head = model.get_output_embeddings()
+        self.vocab_size = int(head.weight.shape[0] if head is not None else model.config.vocab_size)
         self.quantized = self._quantize(model, options.quantize)
         if chosen.linear == "onednn":
             logger.info("linear layers: %d through oneDNN with prepacked weights", prepack_linears(torch, model))

@@ -3,7 +3,9 @@
 ``BlockManager`` (plain Python) hands out blocks: each sequence has a block table (its blocks in order),
 admission takes the blocks a prompt needs or waits, decoding adds a block whenever a sequence crosses a
 block boundary, and release gives blocks back. With prefix caching on, full blocks are also keyed by
-their content (``prefix_cache``) and shared between sequences by reference count.
+their content (``prefix_cache``) and shared between sequences by reference count. The choices of one request
+(``n`` > 1) share their prompt's full blocks by reference count with or without it: the first choice prefills the
+prompt, the others then compute only its last partial block (``shareable``, ``_forked``), as a prefix hit would.
 
 ``PagedKVCache`` (a transformers ``Cache``) holds the pool itself: per layer, keys and values as
 ``[kv_heads, slots, head_dim]`` where slot = block * block_size + offset, plus one scratch slot that
@@ -125,13 +127,13 @@ class BlockManager:
         tokens = seq.all_ids
         # The last token is always computed: its logits choose the next one.
         root = root_key(seq.adapter)
-        hits = self.prefix.match(tokens[:-1], self.block_size, root) if self.prefix is not None else []
+        hits = self.prefix.match(tokens[:-1], self.block_size, root) if self.prefix is not None else self._forked(seq)
         parked = sum(1 for block in hits if self.refs[block] == 0)
         needed = math.ceil((len(tokens) + 1) / self.block_size) - len(hits)
         if needed > self.available - parked:
             return None
         for block in hits:
-            if self.refs[block] == 0:
+            if self.refs[block] == 0:  # (a parked block: only prefix caching parks)
                 self.prefix.take(block)
             self.refs[block] += 1
         self.tables[seq.uid] = hits + [self._allocate() for _ in range(needed)]
@@ -140,6 +142,21 @@ class BlockManager:
             self.prompt_tokens += len(tokens)
             self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
+
+    def shareable(self, seq: SequenceState) -> int:
+        """Tokens of ``seq``'s prompt another choice of its request can share: its full blocks before the last
+        prompt token (which is computed again, for its logits)."""
+        return (len(seq.prompt_ids) - 1) // self.block_size * self.block_size
+
+    def _forked(self, seq: SequenceState) -> list[int]:
+        """The blocks ``seq`` shares with ``seq.fork_of`` (the same prompt): the full ones the source has computed.
+        Read-only for both: each writes its later positions to blocks of its own (prefix caching shares the same
+        blocks through its keys)."""
+        source = seq.fork_of
+        table = self.tables.get(source.uid) if source is not None else None
+        if table is None:
+            return []
+        return table[:min(source.num_cached, self.shareable(seq)) // self.block_size]
 
     def grow(self, seq: SequenceState, tokens: int) -> bool:
         """Room for ``tokens`` tokens in ``seq``'s table; False when the pool ran dry."""

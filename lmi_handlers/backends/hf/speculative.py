@@ -20,8 +20,9 @@ output. A sampled row uses rejection sampling (Leviathan et al. 2023; Chen et al
 the draft's ``q`` is kept with probability ``min(1, p(x) / q(x))``; at the first refusal the token is drawn from
 ``norm(max(p - q, 0))``; when every guess is kept a bonus token is drawn from ``p``. The emitted tokens then follow
 the target's distribution ``p`` (after temperature, top-k, top-p) exactly. Prompt lookup is a point mass
-(``q(x) = 1``). Rows with a repetition penalty do not speculate: the penalty at each guessed position would
-depend on the guesses before it.
+(``q(x) = 1``). Rows with a penalty do not speculate: the penalty at each guessed position would depend on the
+guesses before it; nor do rows with a logit bias, min-p or top log probabilities, which the verification does not
+apply.
 
 Fallback: each sequence keeps a running acceptance estimate and asks for the expected run of accepted guesses
 (at most ``option.speculative_length``), none below ``MIN_ACCEPTANCE`` except a one-token probe every
@@ -314,8 +315,10 @@ class Speculator:
         wanted = []
         for chunk in decode:
             seq = chunk.seq
-            # A penalized or constrained row (its grammar would have to vet every guess) samples as usual.
-            if seq.request.sampling.repetition_penalty != 1.0 or seq.request.constraint is not None:
+            # A penalized or constrained row (its grammar would have to vet every guess), or one with the other
+            # fields of ``select_tokens`` (bias, min-p, top log probabilities), samples as usual.
+            sampling = seq.request.sampling
+            if sampling.repetition_penalty != 1.0 or sampling.extras() or seq.request.constraint is not None:
                 continue
             if seq.speculation is None:
                 seq.speculation = (0, 0)

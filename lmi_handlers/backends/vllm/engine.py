@@ -264,13 +264,8 @@ def append_output(seq: SequenceState, output: Any) -> list[Event]:
 
 
 def check_request(seq: SequenceState, backend: Any) -> None:
-    """What vLLM's engine would not refuse by itself but must be: a ``logit_bias`` id outside the vocabulary (its
-    OpenAI server checks it), and a seed on vLLM's CPU build with chunked prefill, which would stop the engine
-    (``seeds_stop_engine``)."""
-    outside = [token for token, _ in seq.request.sampling.logit_bias or () if token >= backend.vocab_size]
-    if outside:
-        raise InvalidRequest(f"logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 to "
-                             f"{backend.vocab_size - 1})", field="logit_bias", value=outside[0])
+    """What vLLM's engine would not refuse by itself but must be: a seed on vLLM's CPU build with chunked prefill,
+    which would stop the engine (``seeds_stop_engine``). (``job.py`` checks ``logit_bias`` ids for every backend.)"""
     seed = seq.request.sampling.seed
     if seed is not None and seq.request.sampling.do_sample and backend.seeds_stop_engine:
         field = "parameters.seed" if seq.request.schema is Schema.LMI else "seed"

@@ -43,10 +43,11 @@ def vllm_request(seq: SequenceState, eos_ids: Collection[int], *, structured_out
     if not stopping.ignore_eos and eos_ids:
         kwargs["stop_token_ids"] = sorted(eos_ids)
     if sampling.do_sample:
-        # Only the client's own seed: vLLM samples unseeded requests from its engine's generator, as its own server
-        # does (the seed the handler draws for every other request is for our engine's generators).
+        # Only the client's own seed (plus the choice's index, for n > 1: ``seq.seed``, as vLLM seeds a request's
+        # children): vLLM samples unseeded requests from its engine's generator, as its own server does (the seed
+        # the handler draws for every other request is for our engine's generators).
         kwargs.update(temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
-                      seed=sampling.seed)
+                      seed=seq.seed if sampling.seed is not None else None)
     else:
         kwargs["temperature"] = 0.0
     for name in EXTRA_FIELDS[:3]:

@@ -29,7 +29,9 @@ class Token:
     text: str
     logprob: float | None
     special: bool
-    index: int = 0  # which prompt of the request
+    index: int = 0  # which choice of the request (prompt i's choice j is i * n + j)
+    #: The most likely tokens at this position as (id, text, log probability), when the request asked for them.
+    top: tuple[tuple[int, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -151,11 +153,25 @@ def line_items(line: bytes, seen_tokens: set[int], count: Callable[[Result], Non
 
 
 def _object_items(obj: dict[str, Any], index: int, seen_tokens: set[int]) -> list[Item]:
+    """The items of one answer object: prompt ``index``'s whole answer (a JSON list's element: its choices are
+    the answer and ``details.best_of_sequences``), or one streamed line (a choice's own ``index`` when there are
+    several)."""
     if "error" in obj:
         return [Failure(int(obj.get("code") or 500), error_message(obj))]
     details = obj.get("details") or {}
+    if "token" in obj or "index" in obj:
+        index = obj.get("index", index)
+    others = details.get("best_of_sequences") or []
+    items = _sequence_items(obj, details, index * (1 + len(others)), seen_tokens)
+    for j, other in enumerate(others, 1):
+        items += _sequence_items(other, other, index * (1 + len(others)) + j, seen_tokens)
+    return items
+
+
+def _sequence_items(obj: dict[str, Any], details: dict[str, Any], index: int, seen_tokens: set[int]) -> list[Item]:
+    tops = [obj["top_tokens"]] if "top_tokens" in obj else details.get("top_tokens") or []  # TGI's shapes
     tokens = [obj["token"]] if "token" in obj else ([] if index in seen_tokens else details.get("tokens", []))
-    items: list[Item] = [_token(t, index) for t in tokens]
+    items: list[Item] = [_token(t, index, tops[i] if i < len(tops) else ()) for i, t in enumerate(tokens)]
     seen_tokens.add(index)
     if obj.get("generated_text") is None:
         return items
@@ -165,9 +181,11 @@ def _object_items(obj: dict[str, Any], index: int, seen_tokens: set[int]) -> lis
                            details.get("seed"), index, last)]
 
 
-def _token(token: dict[str, Any], index: int) -> Token:
+def _token(token: dict[str, Any], index: int, top: Any = ()) -> Token:
+    top = token.get("top_logprobs", top)  # LMI's alternatives ride in the token, TGI's beside it
     return Token(token.get("id", 0), token.get("text", ""), token.get("logprob", token.get("log_prob")),
-                 bool(token.get("special", token.get("special_token", False))), index)
+                 bool(token.get("special", token.get("special_token", False))), index,
+                 tuple((t.get("id", 0), t.get("text", ""), t.get("logprob", t.get("log_prob"))) for t in top))
 
 
 def error_message(body: str | dict[str, Any]) -> str:

@@ -37,11 +37,12 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "s
                      "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
                      "suffix", "logit_bias", "response_format",
                      # vLLM's extensions, which benchmark clients send (the chat schema takes them too)
-                     "top_k", "repetition_penalty", "ignore_eos")
-NEUTRAL = {"n": (1,), "best_of": (1,), "frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "suffix": (),
-           "logit_bias": ({},)}
+                     "top_k", "min_p", "repetition_penalty", "ignore_eos")
+#: best_of (ranking candidates by likelihood) is gone from vLLM's API too; suffix (insertion) no model here does.
+NEUTRAL = {"best_of": (1,), "suffix": ()}
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
-SAMPLING = ("temperature", "top_p", "top_k", "repetition_penalty", "seed")
+SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "presence_penalty",
+            "frequency_penalty", "logit_bias", "top_logprobs")
 _ids = itertools.count(1)
 
 
@@ -66,10 +67,11 @@ async def models(store: Store) -> JSONResponse:
 async def model(store: Store, model_id: str) -> JSONResponse:
     """One model of the list (``openai``'s ``models.retrieve``); ids may hold slashes, as Hugging Face ids do."""
     found = store.get(model_id)
+    if found is None and model_id in store.catalog:  # known but not loaded: a 503 naming it, as on every route
+        raise HttpError(503, "ServiceUnavailableException", not_loaded(store, model_id))
     if found is None:
-        reason = not_loaded(store, model_id) if model_id in store.catalog else (
-            f"The model `{model_id}` does not exist: this server has {', '.join(store.models) or 'none'}")
-        raise HttpError(404, "ModelNotFoundException", reason)
+        raise HttpError(404, "ModelNotFoundException", f"The model `{model_id}` does not exist: this server has "
+                                                       f"{', '.join(store.models) or 'none'}")
     return JSONResponse(_model_object(found))
 
 
@@ -132,7 +134,12 @@ async def completions(request: Request, store: Store) -> Response:
     adapter = _adapter(model, body.get("model"))
     lmi = {"inputs": prompt, "parameters": parameters, "stream": stream,
            **({"adapters": adapter} if adapter is not None else {})}
-    items = await generate(request, store, model, lmi, stream=stream)
+    try:
+        items = await generate(request, store, model, lmi, stream=stream)
+    except HttpError as exc:  # the model names LMI's fields: name the client's
+        message = exc.message.replace("parameters.top_logprobs", "logprobs").replace(
+            "parameters.max_new_tokens", "max_tokens").replace("parameters.", "")
+        raise HttpError(exc.code, exc.kind, message) from None
     completion = _Completion(model.name, body)
     if stream:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
@@ -143,22 +150,24 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     """LMI's parameters for a completions body, checked here by the runtime's own rules so that an error names the
     field the client sent (``max_tokens``, not ``parameters.max_new_tokens``)."""
     _check_stream_options(body.get("stream_options", {}))
-    logprobs = body.get("logprobs")
-    if logprobs is not None and (type(logprobs) is not int or logprobs not in (0, 1)):
-        raise HttpError(400, "BadRequestException", f"logprobs={json.dumps(logprobs)[:80]} is not supported: this "
-                                                    "server reports the chosen token's log probability only; send 0 "
-                                                    "or 1, or omit it")
     values = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 1.0),
-              "return_full_text": body.get("echo", False),
-              **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "repetition_penalty", "ignore_eos")
-                 if k in body}}
+              "return_full_text": body.get("echo", False), "n": body.get("n", 1),
+              **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
+                                      "presence_penalty", "frequency_penalty", "logit_bias") if k in body}}
+    if body.get("logprobs"):  # completions' logprobs is the number of alternatives (0: the chosen token's only)
+        values["top_logprobs"] = body["logprobs"]
+    names = {"max_new_tokens": "max_tokens", "top_logprobs": "logprobs"}
     try:
-        checked(SamplingParams, {k: values.get(k) for k in SAMPLING}, {})
-        checked(StoppingParams, {k: values.get(k) for k in ("max_new_tokens", "stop", "ignore_eos")},
-                {"max_new_tokens": "max_tokens"})
+        rule_of(SamplingParams, "top_logprobs").check("logprobs", body.get("logprobs", 0))
+        checked(SamplingParams, {k: values.get(k) for k in SAMPLING}, names)
+        checked(StoppingParams, {k: values.get(k) for k in ("max_new_tokens", "stop", "ignore_eos")}, names)
         rule_of(GenerationRequest, "return_full_text").check("echo", values["return_full_text"])
+        rule_of(GenerationRequest, "n").check("n", values["n"])
     except InvalidRequest as exc:
         raise HttpError(400, "BadRequestException", str(exc)) from None
+    if values["n"] > 1 and values["temperature"] == 0:
+        raise HttpError(400, "BadRequestException", f"n: more than one choice needs sampling: set a temperature "
+                                                    f"above 0, or ask for n=1, got {values['n']}")
     return {**values, "details": True, "do_sample": values["temperature"] > 0}
 
 
@@ -251,28 +260,31 @@ def _openai_error_frames(data: bytes) -> bytes:
 
 
 class _Completion:
-    """One ``text_completion`` answer: whole, or as chunks."""
+    """One ``text_completion`` answer: whole, or as chunks; ``n`` choices per prompt, choice j of prompt i at index
+    i * n + j, as vLLM numbers them."""
 
     def __init__(self, model: str, body: dict[str, Any]):
         self.model, self.body = model, body
         self.id, self.created = f"cmpl-{next(_ids)}", int(time.time())
         self.logprobs = body.get("logprobs") is not None
+        self.n = body.get("n", 1)
 
     def _object(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
                 "choices": choices, **extra}
 
     def _choice(self, index: int, text: str, tokens: list[Token], finish: str | None) -> dict[str, Any]:
-        # top_logprobs: one map per position, holding the chosen token (alternatives are not computed)
+        # top_logprobs: one map per position, the chosen token and its alternatives (logprobs of them)
         logprobs = ({"tokens": [t.text for t in tokens], "token_logprobs": [t.logprob for t in tokens],
-                     "top_logprobs": [{t.text: t.logprob} for t in tokens],
+                     "top_logprobs": [{t.text: t.logprob, **{text: p for _, text, p in t.top}} for t in tokens],
                      "text_offset": list(itertools.accumulate([0] + [len(t.text) for t in tokens[:-1]]))}
                     if self.logprobs else None)
         return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish}
 
-    @staticmethod
-    def _usage(results: list[Result]) -> dict[str, int]:
-        prompt, completion = sum(r.prompt_tokens for r in results), sum(r.generated_tokens for r in results)
+    def _usage(self, results: list[Result]) -> dict[str, int]:
+        """vLLM's count: each prompt once, every choice's tokens."""
+        prompt = sum(r.prompt_tokens for r in results if r.index % self.n == 0)
+        completion = sum(r.generated_tokens for r in results)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
     async def whole(self, items: AsyncIterator[Any]) -> dict[str, Any]:
@@ -285,25 +297,31 @@ class _Completion:
                 tokens.setdefault(item.index, []).append(item)
             elif isinstance(item, Result):
                 results.append(item)
+        results.sort(key=lambda r: r.index)
         choices = [self._choice(r.index, r.text, tokens.get(r.index, []) + ([r.token] if r.token else []),
                                 FINISH.get(r.finish_reason, "stop")) for r in results]
         return self._object(choices, usage=self._usage(results))
 
     async def events(self, items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
         if self.body.get("echo"):
-            yield _sse(self._object([self._choice(0, self.body["prompt"], [], None)]))
+            for index in range(self.n):
+                yield _sse(self._object([self._choice(index, self.body["prompt"], [], None)]))
+        results: list[Result] = []
         async for item in items:
             if isinstance(item, Failure):
                 yield _sse(json.loads(error(item.code, item.message).body))
                 break
             if isinstance(item, Token):
-                yield _sse(self._object([self._choice(0, item.text, [item], None)]))
+                yield _sse(self._object([self._choice(item.index, item.text, [item], None)]))
             elif isinstance(item, Result):
                 last = [item.token] if item.token else []
-                yield _sse(self._object([self._choice(0, "".join(t.text for t in last), last,
+                yield _sse(self._object([self._choice(item.index, "".join(t.text for t in last), last,
                                                       FINISH.get(item.finish_reason, "stop"))]))
+                results.append(item)
+                if len(results) < self.n:
+                    continue
                 if (self.body.get("stream_options") or {}).get("include_usage"):
-                    yield _sse(self._object([], usage=self._usage([item])))
+                    yield _sse(self._object([], usage=self._usage(results)))
                 break
         yield b"data: [DONE]\n\n"
 

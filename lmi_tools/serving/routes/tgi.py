@@ -24,9 +24,12 @@ from .relay import NO_CACHE, RAW_BODY, HttpError, Store, chosen, flag, json_obje
 router = APIRouter(tags=["tgi"])
 PATHS = ("/generate", "/generate_stream", "/info", "/")
 
-#: TGI parameters this server has no use for, and the values that mean "off".
-NEUTRAL = {"best_of": (1,), "decoder_input_details": (False,), "watermark": (False,), "top_n_tokens": (0,),
-           "typical_p": (1, 1.0), "frequency_penalty": (0, 0.0), "truncate": ()}
+#: TGI parameters this server has no use for, and the values that mean "off". frequency_penalty is TGI's own
+#: (each earlier occurrence, prompt included, takes penalty times the logit off it), not OpenAI's, which
+#: ``/v1/completions`` and LMI's ``parameters.frequency_penalty`` take; decoder_input_details asks for the prompt's
+#: log probabilities, which the engines here do not compute.
+NEUTRAL = {"best_of": (1,), "decoder_input_details": (False,), "watermark": (False,), "typical_p": (1, 1.0),
+           "frequency_penalty": (0, 0.0), "truncate": ()}
 
 
 def error(code: int, message: str) -> JSONResponse:
@@ -68,6 +71,8 @@ async def _answer(request: Request, store: Store, stream: bool | None, listed: b
     details = bool(params.get("details", False))
     adapter = params.pop("adapter_id", None)  # a LoRA adapter registered on the model: DJL's "adapters" field
     constraint = guided_parameters(from_tgi_grammar, params.pop("grammar", None))  # TGI's name, LMI's parameters
+    if "top_n_tokens" in params:  # TGI's alternatives per position: LMI's top_logprobs
+        params["top_logprobs"] = params.pop("top_n_tokens")
     lmi = {"inputs": body["inputs"], "stream": stream,
            "parameters": {**{k: v for k, v in params.items() if k not in NEUTRAL}, **constraint, "details": True},
            **({"adapters": adapter} if adapter is not None else {})}
@@ -75,16 +80,20 @@ async def _answer(request: Request, store: Store, stream: bool | None, listed: b
     if stream:
         return StreamingResponse(_events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
     tokens: list[dict[str, Any]] = []
+    tops: list[list[dict[str, Any]]] = []
     async for item in items:
         if isinstance(item, Failure):
             raise HttpError(item.code, "ModelException", item.message)
         if isinstance(item, Token):
             tokens.append(_token(item))
+            tops.append(_top_tokens(item))
         elif isinstance(item, Result):
             answer: dict[str, Any] = {"generated_text": item.text}
             if details:
                 tokens += [_token(item.token)] if item.token else []
                 answer["details"] = {**_details(item), "prefill": [], "tokens": tokens}
+                if "top_logprobs" in params:
+                    answer["details"]["top_tokens"] = tops + ([_top_tokens(item.token)] if item.token else [])
             return JSONResponse([answer] if listed else answer, headers=NO_CACHE)
     raise HttpError(502, "ModelException", "the model's answer ended without a result")
 
@@ -103,6 +112,10 @@ def _token(token: Token) -> dict[str, Any]:
     return {"id": token.id, "text": token.text, "logprob": token.logprob, "special": token.special}
 
 
+def _top_tokens(token: Token) -> list[dict[str, Any]]:
+    return [{"id": i, "text": text, "logprob": p, "special": False} for i, text, p in token.top]
+
+
 def _details(result: Result) -> dict[str, Any]:
     return {"finish_reason": result.finish_reason, "generated_tokens": result.generated_tokens,
             "seed": result.seed}
@@ -116,12 +129,13 @@ async def _events(items: AsyncIterator[Any]) -> AsyncIterator[bytes]:
             return
         index += 1
         if isinstance(item, Token):
-            yield _event({"index": index, "token": _token(item), "top_tokens": None, "generated_text": None,
-                          "details": None})
+            yield _event({"index": index, "token": _token(item), "top_tokens": _top_tokens(item) or None,
+                          "generated_text": None, "details": None})
         elif isinstance(item, Result):
             # TGI's last event carries the last token, the whole text and the details.
             token = item.token or Token(0, "", None, True)
-            yield _event({"index": index, "token": _token(token), "top_tokens": None, "generated_text": item.text,
+            yield _event({"index": index, "token": _token(token), "top_tokens": _top_tokens(token) or None,
+                          "generated_text": item.text,
                           "details": {**_details(item), "input_length": item.prompt_tokens}})
             return
 

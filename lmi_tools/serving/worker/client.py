@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -236,4 +237,6 @@ class Worker:
         self._disconnect()
 
     def stop(self) -> None:
+        """End the worker for good: its processes, then the folder of its socket (a restart keeps the folder)."""
         self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)

@@ -4,7 +4,7 @@ A decode step multiplies a few dozen rows by every weight, so on the CPU it is a
 memory, and oneDNN's prepacked product (``onednn_linear.py``) streams them well below what a core can read. The
 kernel in ``compiled_linear.cpp`` multiplies weights packed once into panels of one vector's width, read straight
 through with software prefetch, and holds each tile's sums in vector registers (``benchmarks/engine.py linear``;
-the figures are in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk)
+the figures are in docs/engine.md, "Figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk)
 a layer runs torch's own product on the stock weights instead: the panels are laid out for decode's few rows.
 
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals

@@ -30,7 +30,7 @@ workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: p
 every CPU, since its products are large enough to share and the server has little to stream meanwhile. A wide
 step's logits are the same bits on one thread as on two (torch's product and attention split rows, not the sums;
 ``tests/handlers/test_cpu_kernels.py`` checks it), so the answers do not depend on the policy
-(``benchmarks/threads.py`` measures it; docs/optimizations.md has the figures).
+(``benchmarks/threads.py`` measures it; docs/engine.md has the figures).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ OPTIONS = {"cpu_linear_kernel": (AUTO, "stock", "onednn", "compiled"),
 STOCK = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
 # From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
 # the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and from this
-# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
+# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/engine.md has the figures).
 WIDE_ROWS = 320
 # The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.
 CAPABILITY_FLAGS = {
