@@ -56,7 +56,7 @@ class AsyncService:
         if inputs.is_batch():
             return _failed(InvalidRequest(f"async mode answers one request per call; this call holds "
                                           f"{inputs.get_batch_size()} (set batch_size=1)"))
-        job = await self._prepare(inputs.get_batches()[0])
+        job = await self.prepare(inputs.get_batches()[0])
         if job.error is not None:
             return djl.async_output("", True, JSON, job.error.message, job.error.code)
         tracking_id = str(inputs.get_property(TRACKING_ID))
@@ -85,7 +85,7 @@ class AsyncService:
         if queue is not None:
             queue.put_nowait(None)
 
-    async def _prepare(self, item: Any) -> Job:
+    async def prepare(self, item: Any) -> Job:
         """The request's job; a large body is parsed and tokenized off the event loop."""
         if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
             return await asyncio.to_thread(self.handler.prepare, item)
@@ -93,21 +93,21 @@ class AsyncService:
 
     async def _complete(self, job: Job, tracking_id: str) -> Any:
         body = ""
-        async for text in self._texts(job, tracking_id):
+        async for text in self.texts(job, tracking_id):
             body += text
         if job.error is not None:
             return djl.async_output("", True, JSON, job.error.message, job.error.code)
         return djl.async_output(body, True, job.content_type)
 
     async def _stream(self, job: Job, tracking_id: str) -> AsyncIterator[Any]:
-        async for text in self._texts(job, tracking_id):
+        async for text in self.texts(job, tracking_id):
             if job.error is not None:
                 break
             yield djl.async_output(text[:-1] if text.endswith("\n") else text, job.done, job.content_type)
         if job.error is not None:
             yield djl.async_output("", True, JSON, job.error.message, job.error.code)
 
-    async def _texts(self, job: Job, tracking_id: str) -> AsyncIterator[str]:
+    async def texts(self, job: Job, tracking_id: str) -> AsyncIterator[str]:
         """The request's text as it becomes due, until its job is done (an error included)."""
         async for events in self._events(job, tracking_id):
             try:

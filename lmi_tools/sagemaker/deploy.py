@@ -62,6 +62,9 @@ class EndpointSpec:
     volume_size: int | None = None
     #: Instances scale between its bounds (Application Auto Scaling), once the endpoint is InService.
     autoscaling: Autoscaling | None = None
+    #: ``lmi`` (LMI's DJLServing images) or ``vllm`` (AWS's vLLM container: its image, ``vllm_version``'s).
+    container: str = "lmi"
+    vllm_version: str | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +114,8 @@ def model_call(spec: EndpointSpec, model_name: str) -> tuple[S3Uri, HostingInsta
         raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
                          hint="use s3://bucket/path/model.tar.gz, or s3://bucket/path/ for an uncompressed upload")
     host = HostingInstance.parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
-    image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
+    image = _vllm_image(spec, host) if spec.container == "vllm" else resolve_image(host, spec.region, spec.image,
+                                                                                     spec.lmi_version)
     container: dict = {"Image": image.uri}
     if artifact.is_prefix:
         container["ModelDataSource"] = {"S3DataSource": {"S3Uri": str(artifact), "S3DataType": "S3Prefix",
@@ -123,6 +127,17 @@ def model_call(spec: EndpointSpec, model_name: str) -> tuple[S3Uri, HostingInsta
     call = ApiCall("create_model", {"ModelName": model_name, "ExecutionRoleArn": spec.role,
                                     "PrimaryContainer": container})
     return artifact, host, image, call
+
+
+def _vllm_image(spec: EndpointSpec, host: HostingInstance) -> ImageChoice:
+    from ..containers.vllm.images import vllm_image
+
+    if host.kind != "gpu" and not spec.image:
+        raise UsageError(f"--instance {spec.instance}: AWS's vLLM container runs on NVIDIA GPU instances",
+                         hint="use a GPU instance (ml.g5, ml.g6, ml.p4d...), or LMI's Neuron image (no --container)")
+    if spec.lmi_version:
+        raise UsageError("--lmi-version picks an LMI image; AWS's vLLM container takes --vllm-version")
+    return vllm_image(spec.region, spec.image, spec.vllm_version)
 
 
 def _variant(spec: EndpointSpec, host: HostingInstance) -> dict:

@@ -89,8 +89,8 @@ def sdk_uri(framework: str, version: str, region: str) -> tuple[str, str] | None
             continue
         try:
             return module.retrieve(framework, region=region, version=version), name
-        except ValueError:  # "Unsupported ... version/region": our table may still know it
-            return None
+        except (ValueError, FileNotFoundError):  # "Unsupported ... version/region", or a framework it has no
+            return None  # configuration for: our table may still know it
     return None
 
 

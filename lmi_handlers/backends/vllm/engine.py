@@ -69,7 +69,7 @@ class VllmBackend:
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
         self.options = Options.from_properties(config.properties)
-        self.tokenizer = _tokenizer(config, self.options)
+        self.tokenizer = load_tokenizer(config.model_id, self.options.trust_remote_code, self.options.revision)
         tool_parser = ToolOptions.from_properties(config.properties).parser
         if tool_parser is not None:
             check_tool_parser(self.tokenizer.hf, tool_parser)  # before vLLM's start, which takes minutes
@@ -89,8 +89,12 @@ class VllmBackend:
             vllm_config = EngineArgs(**kwargs).create_engine_config()
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
-        self.vllm_config = vllm_config
         self.llm: Any = None  # vLLM's LLMEngine, once make_engine builds it
+        self._adopt(vllm_config)
+
+    def _adopt(self, vllm_config: Any) -> None:
+        """What requests are checked against, from the configuration of the engine that serves them."""
+        self.vllm_config = vllm_config
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -329,16 +333,16 @@ def exit_soon() -> None:
     timer.start()
 
 
-def _tokenizer(config: HandlerConfig, options: Options) -> HFTokenizer:
+def load_tokenizer(model: str, trust_remote_code: bool, revision: str | None) -> HFTokenizer:
     """The model's transformers tokenizer (the one vLLM tokenizes with) and its generation config's EOS ids."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    common = {"trust_remote_code": options.trust_remote_code, "revision": options.revision}
+    common = {"trust_remote_code": trust_remote_code, "revision": revision}
     try:
-        generation_config = GenerationConfig.from_pretrained(config.model_id, **common)
+        generation_config = GenerationConfig.from_pretrained(model, **common)
     except OSError:  # no generation_config.json: the tokenizer's EOS alone
         generation_config = None
-    return HFTokenizer(AutoTokenizer.from_pretrained(config.model_id, **common), generation_config)
+    return HFTokenizer(AutoTokenizer.from_pretrained(model, **common), generation_config)
 
 
 def _device_count() -> int:

@@ -1,0 +1,65 @@
+"""The vllm backend over an engine that vLLM's own OpenAI server already runs (AWS's vLLM container).
+
+There the server has built and started vLLM's ``AsyncLLM`` before any handler code runs, from its command line
+(the container's ``SM_VLLM_*`` variables), and holds it as ``app.state.engine_client``. ``ServedVllm`` reads what
+requests are checked against (model length, vocabulary, the seed rule) from that engine's configuration, loads the
+same tokenizer vLLM tokenizes with, and drives that engine, one ``generate`` per sequence, with the async engine of
+DJL's async mode (``async_engine.py``): no second engine is ever built. ``ServedAdapters`` are the LoRA adapters that
+server holds, by name, as requests name them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...adapters import Adapter, Adapters, LoraOptions, read_adapter
+from ...errors import AdapterNotFound
+from .engine import VllmBackend, load_tokenizer
+from .options import Options
+
+
+class ServedVllm(VllmBackend):
+    """``client``: the engine client of a running vLLM server (its ``vllm_config`` and ``generate``)."""
+
+    def __init__(self, client: Any):
+        model = client.vllm_config.model_config
+        self.client = client
+        self.options = Options()
+        self.tokenizer = load_tokenizer(model.tokenizer, model.trust_remote_code, model.tokenizer_revision)
+        self.llm = None
+        self._adopt(client.vllm_config)
+
+    def make_engine(self) -> Any:
+        raise NotImplementedError("vLLM's server steps its own engine: requests join it through make_async_engine")
+
+    def make_async_engine(self) -> Any:
+        from .async_engine import AsyncVllmEngine
+
+        return AsyncVllmEngine(self, self.client)
+
+
+class ServedAdapters(Adapters):
+    """The LoRA adapters vLLM's server holds (``--lora-modules``, and those its adapter API loads), as the handler's
+    registry: a request names one as on DJLServing (the body's ``adapters``, the ``adapter`` query parameter,
+    SageMaker's ``X-Amzn-SageMaker-Adapter-Identifier`` header). Each is checked as DJLServing's registration checks
+    it (``read_adapter``) when first named, and keeps the server's id, so vLLM runs the adapter it already loaded."""
+
+    def __init__(self, models: Any, lora_config: Any):
+        rank = lora_config.max_lora_rank if lora_config is not None else LoraOptions.max_lora_rank
+        super().__init__(LoraOptions(enabled=lora_config is not None, max_lora_rank=rank), None)
+        #: vLLM's ``OpenAIServingModels``: its ``lora_requests`` by name.
+        self.models = models
+
+    def get(self, name: str) -> Adapter:
+        served = self.models.lora_requests
+        if name not in served:
+            known = ", ".join(sorted(served)) or ("none" if self.options.enabled else
+                                                  "none (vLLM runs without LoRA: SM_VLLM_ENABLE_LORA)")
+            raise AdapterNotFound(f"adapter {name!r} is not registered on this model; registered adapters: {known}",
+                                  field="adapters", value=name)
+        lora = served[name]
+        adapter = self.by_name.get(name)
+        if adapter is None or adapter.uid != lora.lora_int_id:
+            spec = read_adapter(name, lora.lora_path, self.options)
+            adapter = self.by_name[name] = Adapter(spec, None, uid=lora.lora_int_id)
+        return adapter
