@@ -108,7 +108,8 @@ class AsyncService:
             yield djl.async_output("", True, JSON, job.error.message, job.error.code)
 
     async def texts(self, job: Job, tracking_id: str) -> AsyncIterator[str]:
-        """The request's text as it becomes due, until its job is done (an error included)."""
+        """The request's text as it becomes due, until its job is done (an error included). The handler in AWS's vLLM
+        container answers its HTTP requests with these texts (``vllm_container/service.py``)."""
         async for events in self._events(job, tracking_id):
             try:
                 text = job.take(events)

@@ -68,17 +68,15 @@ def container_environment(props: Mapping[str, str], model: str, *, adapters: Ite
         args["tensor_parallel_size"] = gpus
     lora = LoraOptions.from_properties(props)
     args.update(vllm_engine_args(lora))
-    sources = {PREFIX + name.upper(): options.source(name) for name in args}
-    sources[PREFIX + "MODEL"] = "model_id"
+    chosen = [(name, value, "model_id" if name == "model" else options.source(name)) for name, value in args.items()
+              if options.source(name) in props or name not in VLLM_DEFAULTS or VLLM_DEFAULTS[name] != value]
+    chosen += [(key, text, key) for key, text in options.passthrough if key not in NOT_FLAGS]
     env: dict[str, str] = {}
-    for name, value in args.items():
-        explicit = options.source(name) in props
-        if explicit or name not in VLLM_DEFAULTS or VLLM_DEFAULTS[name] != value:
-            _put(env, name, value, explicit)
-    for key, text in options.passthrough:
-        if key not in NOT_FLAGS:
-            _put(env, key, text, explicit=True)
-            sources[PREFIX + key.upper()] = key
+    sources: dict[str, str] = {}
+    for name, value, source in chosen:
+        variable = _put(env, name, value, explicit=source in props)
+        if variable is not None:
+            sources[variable] = source
     if served_name and "served_model_name" not in props:
         env[PREFIX + "SERVED_MODEL_NAME"] = served_name
     names = sorted(adapters)
@@ -178,20 +176,26 @@ def _notes(props: Mapping[str, str]) -> tuple[str, ...]:
     return tuple(notes)
 
 
-def _put(env: dict[str, str], name: str, value: Any, explicit: bool) -> None:
-    """``name``'s variable for ``value``: booleans as the entrypoint reads them, a false one set by the user as the
-    flag's ``--no-`` form (vLLM's boolean flags all have one); None leaves vLLM's default."""
-    text = value if isinstance(value, str) else None
-    if isinstance(value, bool) or (text is not None and text.strip().lower() in ("true", "false")):
-        on = value if isinstance(value, bool) else text.strip().lower() == "true"
-        if on:
-            env[PREFIX + name.upper()] = "true"
+def _put(env: dict[str, str], name: str, value: Any, explicit: bool) -> str | None:
+    """Sets ``name``'s variable for ``value`` and returns it: booleans as the entrypoint reads them, a false one set
+    by the user as the flag's ``--no-`` form (vLLM's boolean flags all have one); None leaves vLLM's default."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    key = PREFIX + name.upper()
+    if isinstance(value, bool) or text in ("true", "false"):
+        if value is True or text == "true":
+            env[key] = "true"
         elif explicit:
-            env[PREFIX + "NO_" + name.upper()] = "true"
+            key = PREFIX + "NO_" + name.upper()
+            env[key] = "true"
+        else:
+            return None
     elif isinstance(value, (dict, list)):
-        env[PREFIX + name.upper()] = json.dumps(value, separators=(",", ":"))
+        env[key] = json.dumps(value, separators=(",", ":"))
     elif value is not None:
-        env[PREFIX + name.upper()] = str(value)
+        env[key] = str(value)
+    else:
+        return None
+    return key
 
 
 def _json_list(value: str) -> list[str] | None:
