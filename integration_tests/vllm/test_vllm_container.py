@@ -165,3 +165,23 @@ def test_bad_requests_are_4xx_in_their_protocols_shape(container):
     assert broken.status_code == 400 and "not valid JSON" in broken.json()["error"]
     after = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 2}}
     assert httpx.post(container.url + "/invocations", json=after, timeout=300).status_code == 200
+
+
+def test_a_client_that_goes_away_is_aborted_in_vllm(container):
+    import re
+    import socket
+    import time
+
+    body = json.dumps({"text": PROMPTS[1], "seq_length": 400}).encode()  # answered whole, at the end
+    with socket.create_connection(("127.0.0.1", container.port)) as sock:
+        sock.sendall(b"POST /invocations HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                     + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        time.sleep(2)
+    deadline = time.monotonic() + 60
+    while True:
+        metrics = httpx.get(container.url + "/metrics", timeout=30).text
+        running = re.search(r"^vllm:num_requests_running\{[^}]*\} (\S+)$", metrics, re.M)
+        if running and float(running.group(1)) == 0:
+            break
+        assert time.monotonic() < deadline, "the request still runs in vLLM after its client went away"
+        time.sleep(0.5)

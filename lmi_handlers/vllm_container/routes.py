@@ -50,10 +50,10 @@ def register(model_dir: str) -> ContainerService:
 
     @standards.custom_invocation_handler
     async def invocations(request: Request) -> Any:
-        body = await request.body()
-        shape = body_shape(body, request.headers.get("content-type"))
-        if shape == "vllm":
-            return await handler_registry.get_framework_default("invoke")(request)
+        shape = body_shape(await request.body(), request.headers.get("content-type"))
+        vllms = handler_registry.get_framework_default("invoke")  # None: a vLLM without SageMaker's routes
+        if shape == "vllm" and vllms is not None:
+            return await vllms(request)
         return await (lmi_in_session if shape == "json" else lmi)(request)
 
     @standards.custom_ping_handler
@@ -62,7 +62,8 @@ def register(model_dir: str) -> ContainerService:
             await service.load(request.app.state)
         except Exception as exc:  # noqa: BLE001 - not healthy, saying why
             return _load_failure(exc)
-        return await handler_registry.get_framework_default("ping")(request)
+        vllms = handler_registry.get_framework_default("ping")
+        return await vllms(request) if vllms is not None else _response(Answer(200, "application/json", "{}"))
 
     logger.info("LMI's handler answers /invocations and /ping for %s", model_dir)
     return service
@@ -95,10 +96,10 @@ async def _lmi_answer(service: ContainerService, request: Any) -> Any:
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         gone.cancel()
-    if not work.done():  # the client went away before the answer started: its sequences stop in vLLM
-        work.cancel()
-        return _response(Answer(499, "application/json", ""))
-    return _response(work.result())
+        left = not work.done()
+        if left:  # the client went away (or the server stops) before the answer started: it stops in vLLM
+            work.cancel()
+    return _response(Answer(499, "application/json", "") if left else work.result())
 
 
 async def _disconnected(request: Any) -> None:

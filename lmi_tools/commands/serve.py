@@ -148,8 +148,7 @@ def _serve_container(models: list[str], host: str, port: int, unused: list[str])
     for note in launch.notes:
         typer.echo(f"note: {note}", err=True)
     typer.echo(f"lmi serve --container vllm: http://{host}:{port} (/ping, /invocations, /v1/...) model: {name}\n"
-               f"{' '.join(f'{k}={v}' for k, v in sorted(launch.env.items()) if k != 'PYTHONPATH')} "
-               f"{launch.command_line}", err=True)
+               f"{launch.shown()}", err=True)
     start(launch)
 
 

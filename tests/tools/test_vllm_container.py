@@ -172,3 +172,11 @@ def test_serve_says_how_to_get_vllm_where_it_is_missing(tmp_path, capsys):
         pytest.skip("vLLM is installed here: integration_tests/vllm/test_vllm_container.py serves with it")
     assert main(["serve", "--container", "vllm", str(lmi_dir(tmp_path))]) == 2
     assert "scripts/setup.sh --vllm" in capsys.readouterr().err
+
+
+def test_the_local_servers_log_line_masks_secrets():
+    from lmi_tools.containers.vllm.launch import Launch
+
+    launch = Launch(["python", "-m", "vllm.entrypoints.openai.api_server", "--hf-token", "hf_abc", "--model", "m"],
+                    {"SM_VLLM_HF_TOKEN": "hf_abc", "SM_VLLM_MODEL": "m", "PYTHONPATH": "/x"})
+    assert "hf_abc" not in launch.shown() and "--hf-token '****' --model m" in launch.shown()

@@ -23,6 +23,7 @@ from lmi_handlers.config import ConfigError
 from ...errors import UsageError, ValidationFailed
 from ...instances import lookup
 from ...modeldir.properties import init_properties, read_serving_properties, with_environment
+from ...sagemaker.calls import SECRET_NAME
 from .environment import MODEL_PATH, PREFIX, ContainerEnvironment, container_environment, entrypoint_args, model_location
 from .images import public_image
 
@@ -65,6 +66,12 @@ class Launch:
     @property
     def command_line(self) -> str:
         return shlex.join(self.argv)
+
+    def shown(self) -> str:
+        """The environment and command for a log, secrets (``SM_VLLM_HF_TOKEN``...) masked."""
+        secret = {value for key, value in self.env.items() if SECRET_NAME.search(key)}
+        env = " ".join(f"{k}={'****' if v in secret else v}" for k, v in sorted(self.env.items()) if k != "PYTHONPATH")
+        return f"{env} {shlex.join('****' if arg in secret else arg for arg in self.argv)}"
 
 
 def local_server(model_dir: Path, name: str, host: str, port: int) -> Launch:
