@@ -15,7 +15,6 @@ from typing import Any
 from ...adapters import Adapter, Adapters, LoraOptions, read_adapter
 from ...errors import AdapterNotFound
 from .engine import VllmBackend, load_tokenizer
-from .options import Options
 
 
 class ServedVllm(VllmBackend):
@@ -24,9 +23,7 @@ class ServedVllm(VllmBackend):
     def __init__(self, client: Any):
         model = client.vllm_config.model_config
         self.client = client
-        self.options = Options()
         self.tokenizer = load_tokenizer(model.tokenizer, model.trust_remote_code, model.tokenizer_revision)
-        self.llm = None
         self._adopt(client.vllm_config)
 
     def make_engine(self) -> Any:
