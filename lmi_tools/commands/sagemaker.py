@@ -138,9 +138,9 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
                                                help="TOML/JSON file of these settings (keys: the option names "
                                                     "with _); options given here win"),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print the API calls as JSON; call nothing"),
-           container: str = typer.Option("lmi", "--container", help="lmi (LMI's DJLServing image) or vllm (AWS's "
-                                                                    "vLLM container; its environment from --model-dir's "
-                                                                    "serving.properties)"),
+           container: str = typer.Option("lmi", "--container",
+                                         help="lmi (LMI's DJLServing image) or vllm (AWS's vLLM container; its "
+                                              "environment from --model-dir's serving.properties)"),
            vllm_version: Optional[str] = typer.Option(None, help="With --container vllm: the vLLM release of the "
                                                                  "image (default: the newest in lmi's table)"),
            region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:

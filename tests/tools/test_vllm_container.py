@@ -71,7 +71,8 @@ def test_lora_options_and_the_adapters_folder_become_lora_modules():
 @pytest.mark.parametrize("props, key", [
     ({"backend": "hf"}, "backend"), ({"rolling_batch": "scheduler"}, "rolling_batch"), ({"device": "cpu"}, "device"),
     ({"amp": "f16"}, "amp"), ({"cpu_linear_kernel": "onednn"}, "cpu_linear_kernel"),
-    ({"model_id": "s3://bucket/llama/"}, "model_id"), ({"override_neuron_config": '{"a": 1}'}, "override_neuron_config"),
+    ({"model_id": "s3://bucket/llama/"}, "model_id"),
+    ({"override_neuron_config": '{"a": 1}'}, "override_neuron_config"),
 ])
 def test_an_option_with_no_vllm_equivalent_is_refused_by_name(props, key):
     with pytest.raises(ConfigError) as refused:
@@ -96,8 +97,10 @@ def test_tensor_parallel_degree_max_is_the_instances_gpus_and_the_model_is_where
 def test_image_uris_from_the_table_and_the_public_gallery():
     image = vllm_image("eu-west-1")
     assert image.uri == "763104351884.dkr.ecr.eu-west-1.amazonaws.com/vllm:0.27.1-gpu-py312-cu130-ubuntu22.04-sagemaker"
-    assert vllm_image("cn-north-1", version="0.14.0").uri.startswith("727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/")
-    assert public_image("0.20.0") == "public.ecr.aws/deep-learning-containers/vllm:0.20.0-gpu-py312-cu130-ubuntu22.04-sagemaker"
+    china = vllm_image("cn-north-1", version="0.14.0").uri
+    assert china.startswith("727897471807.dkr.ecr.cn-north-1.amazonaws.com.cn/vllm:0.14.0-")
+    assert public_image("0.20.0") == ("public.ecr.aws/deep-learning-containers/vllm:"
+                                      "0.20.0-gpu-py312-cu130-ubuntu22.04-sagemaker")
     with pytest.raises(UsageError, match="0.99.0"):
         vllm_image("us-east-1", version="0.99.0")
 

@@ -24,7 +24,8 @@ from ...errors import UsageError, ValidationFailed
 from ...instances import lookup
 from ...modeldir.properties import init_properties, read_serving_properties, with_environment
 from ...sagemaker.calls import SECRET_NAME
-from .environment import MODEL_PATH, PREFIX, ContainerEnvironment, container_environment, entrypoint_args, model_location
+from .environment import (MODEL_PATH, PREFIX, ContainerEnvironment, container_environment, entrypoint_args,
+                          model_location)
 from .images import public_image
 
 SERVER = "vllm.entrypoints.openai.api_server"

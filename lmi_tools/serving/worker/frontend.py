@@ -4,8 +4,9 @@ Each function reproduces one layout of ``reference/djl-contract.md``; the local 
 contract tests both use them, so what passes locally is what the container sends:
 
 * ``init_input``: the empty init call carrying every option (``option.`` stripped) and ``handler``;
-* ``request_input``: HTTP headers as properties (original case), ``X-Amzn-SageMaker-Custom-Attributes``
-  split into ``k=v`` properties, ``requestId``, query parameters then the body as ``data``;
+* ``request_input`` (from ``lmi_handlers/protocol.py``, which the handler in AWS's vLLM container builds its requests
+  with too): HTTP headers as properties (original case), ``X-Amzn-SageMaker-Custom-Attributes`` split into ``k=v``
+  properties, ``requestId``, query parameters then the body as ``data``;
 * ``batch_input``: N >= 2 requests packed with ``batch_size`` and ``batch_NNN.`` prefixes (a batch
   of one is sent unwrapped);
 * ``rolling_step_input``: one rolling-batch step - always the batch layout; new requests with their
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from lmi_handlers.protocol import Input, PairList, request_input
+from lmi_handlers.protocol import Input, PairList, request_input  # noqa: F401 - re-exported
 from lmi_handlers.rolling import CANCEL_PROPERTY, STATS_PROPERTY
 
 from .codec import binary_decode
