@@ -219,7 +219,8 @@ def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_lev
     batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
                   **batching, "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len, "option.dtype": "fp32"}
+                  "option.max_model_len": model.max_len, "option.dtype": "fp32",
+                  "option.model_loading_timeout": int(READY_TIMEOUT)}  # vLLM compiles at start
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(free_port()), "--log-level", log_level]

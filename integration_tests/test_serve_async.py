@@ -185,3 +185,11 @@ def test_an_adapter_call_is_answered_through_the_async_engine(servers, engine, t
     url = f"{servers[engine].management_url}/models/async/adapters"
     refused = httpx.post(url, params={"name": "a1", "src": str(tmp_path)}, timeout=30)
     assert refused.status_code == 400 and "does not serve adapters" in refused.text
+
+
+@needs_djl
+def test_djls_async_engine_stops_without_a_traceback(serve):
+    server = serve([serve.scripted("quiet", **{"option.async_mode": "true"})], env=ENV, args=["--engine", "djl"])
+    assert httpx.post(server.url + "/predictions/quiet", json={"inputs": "x"}, timeout=30).status_code == 200
+    server.stop()
+    assert "Python engine process died" not in server.logs() and "Traceback" not in server.logs()

@@ -25,6 +25,7 @@ from .encoding import dumps
 from .errors import Cancelled, HandlerError, InvalidRequest, status_of
 from .events import ErrorEvent, Event
 from .job import Job
+from .pooling.batch import answer_batch
 from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES
 
 logger = logging.getLogger(__name__)
@@ -42,6 +43,8 @@ class AsyncService:
         self.engine: Any = None
         #: The queue of each request in flight, by tracking id: a cancellation is put there.
         self.running: dict[str, asyncio.Queue] = {}
+        #: An embedding model pools one request at a time, on a thread beside the event loop.
+        self._pooling = asyncio.Lock()
 
     async def handle(self, inputs: Any) -> Any:
         if self.engine is None:
@@ -56,6 +59,8 @@ class AsyncService:
         if inputs.is_batch():
             return _failed(InvalidRequest(f"async mode answers one request per call; this call holds "
                                           f"{inputs.get_batch_size()} (set batch_size=1)"))
+        if self.handler.pooler is not None:
+            return await self._embed(inputs)
         job = await self.prepare(inputs.get_batches()[0])
         if job.error is not None:
             return djl.async_output("", True, JSON, job.error.message, job.error.code)
@@ -67,12 +72,13 @@ class AsyncService:
     def _load(self, inputs: Any) -> Any:
         """Load the model (the init call, or a first request without one) and start its engine; None, or the
         error ``Output`` that fails the load."""
-        from .handler import configuration
-
         try:
             if not self.handler.initialized:
-                self.handler.initialize(configuration(inputs), awaited=True)
+                self.handler.initialize(djl.configuration(inputs), awaited=True)
             backend = self.handler.backend
+            if self.handler.pooler is not None:  # an embedding model: no step loop, requests pool on a thread
+                self.engine = self.handler.pooler
+                return None
             make = getattr(backend, "make_async_engine", None)
             self.engine = make() if make is not None else _engine_thread(self.handler)
         except Exception as exc:  # noqa: BLE001 - the init call's failure is the load's answer
@@ -90,6 +96,15 @@ class AsyncService:
         if len(item.get_as_bytes() or b"") > INLINE_BODY_BYTES:
             return await asyncio.to_thread(self.handler.prepare, item)
         return self.handler.prepare(item)
+
+    async def _embed(self, inputs: Any) -> Any:
+        """An embedding request (``option.task=text-embedding``): its vectors, or its own error, as in sync mode."""
+        async with self._pooling:
+            [(code, body)] = await asyncio.to_thread(answer_batch, inputs.get_batches(), self.handler.pooler,
+                                                     self.handler.config)
+        if code != 200:
+            return djl.async_output("", True, JSON, body, code)
+        return djl.async_output(body, True, JSON)
 
     async def _complete(self, job: Job, tracking_id: str) -> Any:
         body = ""

@@ -43,3 +43,13 @@ def async_output(data: str, last: bool, content_type: str, error: str | None = N
     if code:
         item["code"] = code
     return new_output().add_property("Content-Type", content_type).add(binary_encode(item))
+
+
+def configuration(inputs: Any) -> dict[str, Any]:
+    """The properties to load from. DJLServing's init call carries only the model's; a harness that skips it
+    (djl_python's ``TestHandler``) loads from the first request, whose batch layout is no configuration:
+    its ``batch_size`` would read as dynamic batching (and be refused with rolling batch)."""
+    properties = inputs.get_properties()
+    if inputs.is_empty():
+        return properties
+    return {key: value for key, value in properties.items() if not key.startswith("batch_")}

@@ -56,13 +56,14 @@ class EngineThread:
         return await future
 
     def stats(self) -> dict[str, int | float]:
+        """The engine's counters, read from the event loop's thread (numbers only, so a snapshot is safe)."""
         return self.engine.stats()
 
     # --- the engine's thread -----------------------------------------------------------------------------------
 
     def _run(self) -> None:
         while True:
-            self._take(block=self.engine.idle)
+            self._take(block=self.engine.idle)  # asleep while nothing runs
             if self.engine.idle:
                 continue
             try:

@@ -1,6 +1,7 @@
 """The handler behind ``handle(inputs)``: load on the init call, then serve every request shape.
 
-* the empty init call: parse ``HandlerConfig`` from its properties, load the backend, return None;
+* the empty init call: resolve its properties into a ``Deployment`` (``deployment.py``: the settings, DJL's mode, the
+  backend and its options, parsed once), load the backend, return None;
 * called from an event loop (DJL's async engine, ``option.async_mode=true``): a coroutine, answered by
   ``async_service.py`` (one request per call, joining the backend's step loop);
 * rolling batch (``option.rolling_batch=auto|scheduler``): one call per generation step;
@@ -19,10 +20,11 @@ from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
-from .backends import BACKENDS, load_backend
 from .backends.base import Backend
-from .config import HandlerConfig, check_unknown_keys
-from .structured.tools import ToolOptions
+from .config import ConfigError, HandlerConfig
+from .deployment import Deployment, resolve
+from .pooling.batch import Pooler, answer_batch
+from .structured.reasoning import Reasoning, reasoning_for
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, InvalidRequest, status_of
@@ -35,34 +37,48 @@ logger = logging.getLogger(__name__)
 class Handler:
     """Holds the configuration, backend and engine of one model; ``handle`` is the entry point."""
 
-    def __init__(self, backend_loader: Callable[[HandlerConfig], Backend] = load_backend):
+    def __init__(self, backend_loader: Callable[[Deployment], Backend] = Deployment.load):
         self.backend_loader = backend_loader
         self.initialized = False
+        self.deployment: Deployment | None = None
         self.config: HandlerConfig | None = None
         self.backend: Backend | None = None
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
+        self.reasoning: Reasoning | None = None
+        #: An embedding model's backend (``option.task=text-embedding``): requests are answered by ``pooling/``.
+        self.pooler: Pooler | None = None
         self._async: Any = None
 
     def initialize(self, properties: dict[str, Any], awaited: bool = False) -> None:
         """Load; ``awaited`` (DJL's async engine calls): ``async_service.py`` starts the engine requests join."""
-        config = HandlerConfig.from_properties(properties)
+        deployment = resolve(properties)  # every option parsed here, once: a bad one refuses the load, not a request
+        config = deployment.config
         conflict = config.async_conflict() if awaited else None
         if conflict is not None:
             raise conflict
-        backend = self.backend_loader(config)
-        check_unknown_keys(config.properties, backend.option_keys)
-        ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
-        options = lora.LoraOptions.from_properties(config.properties)
-        self.config, self.backend = config, backend
-        self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
-        if config.async_mode != awaited:
+        if deployment.embedding and config.rolling:
+            raise ConfigError("rolling_batch", config.rolling_batch, "option.task=text-embedding answers whole "
+                              "requests: set option.rolling_batch=disable (and batch_size, max_batch_delay for "
+                              "dynamic batching)")
+        logger.info("backend %s (%s)", deployment.backend.name, deployment.why)
+        for warning in deployment.warnings:
+            logger.warning("%s", warning)
+        backend = self.backend_loader(deployment)
+        self.reasoning = reasoning_for(config.properties, getattr(backend.tokenizer, "hf", None))
+        self.deployment, self.config, self.backend = deployment, config, backend
+        if deployment.embedding:  # an embedding model: dynamic batches of vectors, no step loop
+            self.pooler = backend  # type: ignore[assignment]
+            self.initialized = True
+            return
+        self.adapters = lora.Adapters(deployment.lora, backend.load_adapter if deployment.backend.adapters else None)
+        if deployment.mode.asynchronous != awaited:
             logger.warning("option.async_mode=%s, but DJL's %s engine calls handle: answering as that engine awaits",
-                           str(config.async_mode).lower(), "async" if awaited else "sync")
+                           str(deployment.mode.asynchronous).lower(), "async" if awaited else "sync")
         if not awaited:
             # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
-            step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
+            step_loop = deployment.backend.step_loop
             self.engine = step_loop(backend) if step_loop is not None else self.new_engine()
             self.rolling = RollingBatch(self.engine, self.prepare) if config.rolling else None
         self.initialized = True
@@ -79,7 +95,7 @@ class Handler:
             return self._async_service().handle(inputs)
         try:
             if not self.initialized:
-                self.initialize(configuration(inputs))
+                self.initialize(djl.configuration(inputs))
             if inputs.is_empty():
                 return None
             if self.rolling is not None:
@@ -99,10 +115,10 @@ class Handler:
 
     def prepare(self, item: Any) -> Job:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
-        assert self.config is not None and self.backend is not None
+        assert self.deployment is not None and self.backend is not None
         try:
-            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters)
+            return prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
+                               adapters=self.adapters, reasoning=self.reasoning)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")
@@ -110,6 +126,8 @@ class Handler:
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
+        if self.pooler is not None:
+            return self._embeddings(inputs, items)
         if not inputs.is_batch():
             job = self.prepare(items[0])
             output = djl.new_output()
@@ -132,6 +150,20 @@ class Handler:
         # Headers are shared by the whole batch (DJL's contract); name a type only if all agree.
         output.add_property("content-type", types.pop() if len(types) == 1 else "application/json")
         return output
+
+    def _embeddings(self, inputs: Any, items: list[Any]) -> Any:
+        """A dynamic batch (or one request) of embedding requests: each answered, or refused, on its own."""
+        assert self.pooler is not None and self.config is not None
+        answers = answer_batch(items, self.pooler, self.config)
+        output = djl.new_output()
+        if not inputs.is_batch():
+            code, body = answers[0]
+            if code != 200:
+                return output.error(body, code=code, message=reason_phrase(code))
+            return output.add_property("content-type", "application/json").add(body)
+        for i, (code, body) in enumerate(answers):
+            output.add(body if code == 200 else dumps(error_object(code, body)), key="data", batch_index=i)
+        return output.add_property("content-type", "application/json")
 
     def _complete(self, jobs: list[Job]) -> list[str]:
         """Run jobs together until all finish; returns each one's whole body."""
@@ -193,16 +225,6 @@ class Handler:
         if not self.initialized:
             message = f"model failed to load: {message}"
         return djl.new_output().error(message, code=code, message=reason_phrase(code))
-
-
-def configuration(inputs: Any) -> dict[str, Any]:
-    """The properties to load from. DJLServing's init call carries only the model's; a harness that skips it
-    (djl_python's ``TestHandler``) loads from the first request, whose batch layout is no configuration:
-    its ``batch_size`` would read as dynamic batching (and be refused with rolling batch)."""
-    properties = inputs.get_properties()
-    if inputs.is_empty():
-        return properties
-    return {key: value for key, value in properties.items() if not key.startswith("batch_")}
 
 
 def _awaited() -> bool:

@@ -55,6 +55,7 @@ for _name in COMMAND_MODULES:
 EXAMPLES = {
     "tiny-model": ["lmi tiny-model out/tiny"],
     "model smollm2": ["lmi model smollm2", "lmi model smollm2 out/smollm2"],
+    "model minilm": ["lmi model minilm", "lmi model minilm out/minilm"],
     "model from-gguf": ["lmi model from-gguf ./qwen2-0.5b-instruct-q8_0.gguf out/qwen2"],
     "serve": ["lmi serve out/demo/model --port 8080", "lmi serve chat=./llama code=./codellama"],
     "new": ["lmi new --preset llama-3-8b-inf2-xlarge model/"],
@@ -73,7 +74,8 @@ EXAMPLES = {
     "components": ["lmi components pool"],
     "scale": ["lmi scale chat 2", "lmi scale code 0 --no-wait"],
     "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
-              "lmi bench --serve out/demo/model --sweep 1,4,16"],
+              "lmi bench --serve out/demo/model --sweep 1,4,16",
+              "lmi bench http://127.0.0.1:8080/v1/embeddings -c 16 -n 400"],
     "chat-stack": ["lmi chat-stack llama=s3://my-bucket/llama/model.tar.gz --wheel "
                    "s3://my-bucket/lmi_handlers-0.1.0-py3-none-any.whl --key-name my-key --instance inf2.xlarge"],
     "optimize start": ["lmi optimize start --name llama-awq --model s3://my-bucket/llama/ "

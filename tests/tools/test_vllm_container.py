@@ -73,11 +73,17 @@ def test_lora_options_and_the_adapters_folder_become_lora_modules():
     ({"amp": "f16"}, "amp"), ({"cpu_linear_kernel": "onednn"}, "cpu_linear_kernel"),
     ({"model_id": "s3://bucket/llama/"}, "model_id"),
     ({"override_neuron_config": '{"a": 1}'}, "override_neuron_config"),
+    ({"max_num_seq": "8"}, "max_num_seq"), ({"enable_streaming": "true"}, "enable_streaming"),
+    ({"task": "text-embedding"}, "task"), ({"output_formatter": "xml"}, "output_formatter"),
 ])
 def test_an_option_with_no_vllm_equivalent_is_refused_by_name(props, key):
     with pytest.raises(ConfigError) as refused:
         env_of(props)
     assert refused.value.key == key and key in str(refused.value)
+
+
+def test_the_reasoning_parser_is_the_handlers_and_vllms():
+    assert env_of({"reasoning_parser": "qwen3", "task": "text-generation"})["SM_VLLM_REASONING_PARSER"] == "qwen3"
 
 
 def test_djlservings_own_settings_are_named_in_notes_and_hf_pool_names_are_vllms():

@@ -60,8 +60,10 @@ def app(model_dir):
     import os
 
     import model_hosting_container_standards.sagemaker as standards
+    import torch
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
+    from safetensors.torch import save_file
     from vllm import EngineArgs
     from vllm.lora.request import LoRARequest
 
@@ -88,6 +90,7 @@ def app(model_dir):
     folder.mkdir(exist_ok=True)
     (folder / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
                                                             "target_modules": ["q_proj", "v_proj"]}))
+    save_file({"base_model.model.lora_A.weight": torch.zeros(8, 8)}, str(folder / "adapter_model.safetensors"))
     adapters = {"a1": LoRARequest("a1", 7, str(folder))}
     application.state.openai_serving_models = SimpleNamespace(lora_requests=adapters)
     return application

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from ...config import HandlerConfig, parse_bool, parse_choice, parse_int
 from ...errors import ConfigError
+from ...dtypes import LONG
 from ...model_config import DEFAULT_POSITIONS, max_positions, stored_dtype
 
 #: HF ``model_type`` -> transformers-neuronx class (the library's own auto-class mapping).
@@ -33,7 +34,7 @@ AMPS = ("f32", "f16", "bf16")
 DTYPE_TO_AMP = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 AMP_TO_DTYPE = {amp: dtype for dtype, amp in DTYPE_TO_AMP.items()}
 GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
-TORCH_DTYPES = ("float32", "float16", "bfloat16")
+TORCH_DTYPES = tuple(LONG.values())
 #: The options this backend reads (the names DJLServing's transformers-neuronx handler uses).
 KEYS = frozenset({
     "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",

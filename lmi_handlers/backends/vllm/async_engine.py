@@ -3,7 +3,7 @@
 Each sequence is one ``generate`` call on an engine client (vLLM's ``AsyncLLM``, or any object with its
 ``generate(prompt, sampling_params, request_id, lora_request=...)``, such as the engine client of a running vLLM
 server), run as a task of the event loop; vLLM batches whatever is in flight. Every token still goes through the
-sequence's ``SequenceState`` (``engine.append_output``), so stop sequences, events and bytes are the same as on the
+sequence's ``SequenceState`` (``sampling.append_output``), so stop sequences, events and bytes are the same as on the
 step loop of DJL's sync mode. Cancelling a sequence cancels its task, and leaving ``generate`` aborts the request in
 vLLM (so does a stop sequence our side sees first).
 
@@ -19,20 +19,20 @@ import contextlib
 import logging
 from typing import Any, Callable, Sequence
 
-from ...adapters import vllm_lora_request
 from ...errors import EngineStopped
 from ...events import Event
 from ...sequence import SequenceState
-from ...structured.vllm import structured_outputs_params
-from .engine import CORE_ENDED, engine_dead, exit_soon, request_error, append_output, check_request, watch_cores
-from .sampling import vllm_request
+from .adapters import vllm_lora_request
+from .sampling import append_output, check_request, vllm_request
+from .structured import structured_outputs_params
+from .watch import EngineWatch, engine_dead, request_error
 
 logger = logging.getLogger(__name__)
 
 Deliver = Callable[[dict[int, list[Event]]], None]
 
 
-class AsyncVllmEngine:
+class AsyncVllmEngine(EngineWatch):
     """``client`` (vLLM's ``AsyncLLM``) for ``backend``'s sequences (its tokenizer's EOS ids, vocabulary size and
     ``seeds_stop_engine``); runs on the event loop that calls it."""
 
@@ -40,10 +40,7 @@ class AsyncVllmEngine:
         self.backend = backend
         self.client = client
         self.tasks: dict[int, tuple[asyncio.Task, SequenceState, Deliver]] = {}
-        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
-        self.stopped: str | None = None
-        self.exit_soon = exit_soon
-        watch_cores(self._core_ended)
+        super().__init__()
 
     def submit(self, seqs: Sequence[SequenceState], deliver: Deliver) -> None:
         """Start ``seqs``; their events reach ``deliver`` until each has its terminal event."""
@@ -109,9 +106,3 @@ class AsyncVllmEngine:
                 self.tasks.pop(uid)
                 task.cancel()
                 deliver({uid: [seq.fail(EngineStopped.status, self.stopped)]})
-
-    def _core_ended(self) -> None:
-        """From the watcher thread: an engine core process ended without vLLM saying so."""
-        if self.stopped is None:
-            self.stopped = CORE_ENDED
-            self.exit_soon()

@@ -18,31 +18,24 @@ from __future__ import annotations
 
 import glob
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
-import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
+from ...adapters import AdapterSpec, LoraOptions
 from ...config import HandlerConfig
-from ...errors import ConfigError, EngineStopped, InvalidRequest, invalid_field, status_of
-from ...events import Event, FinishReason
-from ...schemas import Schema
+from ...errors import ConfigError, EngineStopped
+from ...events import Event
 from ...sequence import SequenceState
 from ...structured.tools import Parser, ToolCalling, ToolOptions
-from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
-from ..hf.tokenizer import HFTokenizer
-from .options import KEYS, Options, engine_arg_defaults
-from .sampling import EXTRA_FIELDS, vllm_request
+from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
+from ..tokenizer import HFTokenizer
+from .adapters import vllm_engine_args, vllm_lora_request
+from .options import Options, engine_arg_defaults
+from .sampling import EXTRA_FIELDS, append_output, check_request, vllm_request
+from .watch import EXIT_DELAY, EngineWatch, engine_dead, request_error
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
-#: Seconds between answering the requests of a stopped engine and this process's exit: the answers reach the
-#: socket first.
-EXIT_DELAY = 1.0
-CORE_ENDED = "vLLM's engine process ended; the model's worker restarts"
 
 
 class VllmBackend:
@@ -53,10 +46,15 @@ class VllmBackend:
     chunked_prefill = False
     request_fields = frozenset(EXTRA_FIELDS)
     #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
-    #: (``structured/vllm.py``).
+    #: (``structured.py``).
     structured_output = True
+    #: ``option.reasoning_parser`` reaches vLLM as its engine argument: its structured outputs wait for the end of
+    #: the reasoning (``structured/reasoning.py``).
+    reasoning_aware = True
+    #: Engine arguments a subclass sets whatever the options say (the pooler: vLLM's pooling runner).
+    engine_overrides: dict[str, Any] = {}
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions):
         import vllm
         from vllm import EngineArgs
         from vllm.config import StructuredOutputsConfig
@@ -68,15 +66,16 @@ class VllmBackend:
                               "engine this backend drives (vLLM 0.8 or later; tested with 0.32); use an LMI image "
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
-        self.options = Options.from_properties(config.properties)
-        self.tokenizer = load_tokenizer(config.model_id, self.options.trust_remote_code, self.options.revision)
-        tool_parser = ToolOptions.from_properties(config.properties).parser
-        if tool_parser is not None:
-            check_tool_parser(self.tokenizer.hf, tool_parser)  # before vLLM's start, which takes minutes
+        self.options = options
+        self.tokenizer = load_tokenizer(config.model_id, options.trust_remote_code, options.revision)
+        if tools.parser is not None:
+            check_tool_parser(self.tokenizer.hf, tools.parser)  # before vLLM's start, which takes minutes
         accepted = engine_arg_defaults(EngineArgs)
-        self.option_keys = KEYS | set(accepted)
-        kwargs = self.options.engine_args(config.model_id, accepted)
-        kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        for key in sorted({key for key, _ in options.passthrough} - set(accepted)):
+            logger.warning("option.%s is ignored: vLLM %s has no engine argument %s", key, vllm.__version__, key)
+        kwargs = options.engine_args(config.model_id, accepted)
+        kwargs.update(vllm_engine_args(lora))
+        kwargs.update(self.engine_overrides)
         # vLLM reads "no free whitespace in JSON" from its engine config, not from a request's parameters: compact
         # JSON by default, as on the hf engine (a request's whitespace_pattern still allows some), through the same
         # grammar library (llguidance: vLLM's "guidance" backend).
@@ -95,6 +94,7 @@ class VllmBackend:
     def _adopt(self, vllm_config: Any) -> None:
         """What requests are checked against, from the configuration of the engine that serves them."""
         self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -120,7 +120,7 @@ class VllmBackend:
         return AsyncVllmEngine(self, AsyncLLM.from_vllm_config(self.vllm_config, disable_log_stats=True))
 
     def tool_call_parser(self, name: str, calling: ToolCalling) -> Parser:
-        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured/vllm.py``)."""
+        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured.py``)."""
         return tool_call_parser(self.tokenizer.hf, name, calling)
 
     def load_adapter(self, spec: AdapterSpec) -> AdapterSpec:
@@ -138,7 +138,7 @@ class VllmBackend:
         return ConfigError("rolling_batch", "vllm", f"vLLM refused the engine arguments {kwargs}: {message}")
 
 
-class VllmLoop:
+class VllmLoop(EngineWatch):
     """The handler's engine when vLLM runs the steps (``Engine``'s surface: ``add``, ``cancel``, ``step``...)."""
 
     def __init__(self, backend: VllmBackend):
@@ -147,12 +147,8 @@ class VllmLoop:
         self.seqs: dict[str, SequenceState] = {}
         #: Events of requests vLLM refused when they were added, answered at the next step.
         self.refused: dict[int, list[Event]] = {}
-        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
-        self.stopped: str | None = None
-        #: Ends this process once vLLM's engine stopped (the server then starts a fresh worker).
-        self.exit_soon = exit_soon
         self._logged = time.monotonic()
-        watch_cores(self._core_ended)
+        super().__init__()
 
     @property
     def idle(self) -> bool:
@@ -223,10 +219,6 @@ class VllmLoop:
         self.seqs = {}
         return events
 
-    def _core_ended(self) -> None:
-        if self.stopped is None:
-            self.stopped = CORE_ENDED
-            self.exit_soon()
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
@@ -243,94 +235,6 @@ class VllmLoop:
             if not output.finished:  # our side stopped it first (a stop sequence)
                 self.llm.abort_request([output.request_id])
         return events
-
-
-def append_output(seq: SequenceState, output: Any) -> list[Event]:
-    """Feed one vLLM ``RequestOutput`` delta's tokens through ``seq``: the events due (its last one terminal once
-    the sequence finishes, by our rules or at a limit of vLLM's own)."""
-    completion = output.outputs[0]
-    top_k = seq.request.sampling.top_logprobs or 0
-    events: list[Event] = []
-    for i, token_id in enumerate(completion.token_ids):
-        log_prob, top = _log_probs(completion.logprobs, i, token_id, top_k)
-        try:
-            events += seq.append(token_id, log_prob, top)
-        except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-            logger.exception("detokenizing sequence %d failed", seq.uid)
-            events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
-        if seq.finished:
-            break
-    if not seq.finished and output.finished:
-        # vLLM ended it at a limit of its own (the model length): what was generated is the answer.
-        seq.finished = True
-        events.append(seq.result(FinishReason.LENGTH))
-    return events
-
-
-def check_request(seq: SequenceState, backend: Any) -> None:
-    """What vLLM's engine would not refuse by itself but must be: a seed on vLLM's CPU build with chunked prefill,
-    which would stop the engine (``seeds_stop_engine``). (``job.py`` checks ``logit_bias`` ids for every backend.)"""
-    seed = seq.request.sampling.seed
-    if seed is not None and seq.request.sampling.do_sample and backend.seeds_stop_engine:
-        field = "parameters.seed" if seq.request.schema is Schema.LMI else "seed"
-        raise invalid_field(field, seed, "vLLM's CPU build stops its engine when it prefills a seeded prompt in "
-                            "chunks, so seeds are refused while chunked prefill is on; send no seed, or serve "
-                            "with option.enable_chunked_prefill=false")
-
-
-def watch_cores(on_end: Any) -> None:
-    """Calls ``on_end()`` from a thread once one of vLLM's engine core processes (this process's children once the
-    engine is built; none when vLLM runs its core in this process) ends, a moment later: a core that fails tells
-    the engine first, so ``on_end`` acts only where the engine did not say so."""
-    cores = multiprocessing.active_children()
-    if cores:
-        threading.Thread(target=_watch, args=(cores, on_end), name="vllm-engine-watch", daemon=True).start()
-
-
-def _watch(cores: list[multiprocessing.Process], on_end: Any) -> None:
-    multiprocessing.connection.wait([core.sentinel for core in cores])
-    time.sleep(EXIT_DELAY)
-    ended = next(core for core in cores if not core.is_alive())
-    logger.error("vllm: the engine process %s (pid %s) ended with code %s; unless vLLM's engine said so above, this "
-                 "worker exits so that the server starts a fresh one", ended.name, ended.pid, ended.exitcode)
-    on_end()
-
-
-def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
-    """The chosen token's log probability and the ``top_k`` most likely tokens', from vLLM's position ``i``."""
-    if not logprobs:
-        return 0.0, []
-    entries = logprobs[i]
-    chosen = entries.get(token_id)
-    ranked = sorted((entry.rank, tid, float(entry.logprob)) for tid, entry in entries.items() if entry.rank <= top_k)
-    return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
-
-
-def request_error(exc: Exception, stopped: str | None) -> tuple[int, str]:
-    """(status, message) for a request vLLM refused: its validation errors are the client's (400); on an engine
-    that stopped, ``stopped`` says why."""
-    if isinstance(exc, (InvalidRequest, EngineStopped)):
-        return exc.status, str(exc)
-    if stopped is not None:
-        return EngineStopped.status, stopped
-    parameter = getattr(exc, "parameter", None)
-    if parameter is not None or isinstance(exc, (ValueError, TypeError)):
-        error = InvalidRequest(f"{exc}", field=parameter)
-        return error.status, str(error)
-    return status_of(exc), f"{type(exc).__name__}: {exc}"
-
-
-def engine_dead(exc: Exception) -> bool:
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    return isinstance(exc, EngineDeadError)
-
-
-def exit_soon() -> None:
-    """End this process in ``EXIT_DELAY`` seconds, from a thread: the step that says why is answered first."""
-    timer = threading.Timer(EXIT_DELAY, os._exit, (1,))
-    timer.daemon = True
-    timer.start()
 
 
 def load_tokenizer(model: str, trust_remote_code: bool, revision: str | None) -> HFTokenizer:

@@ -7,13 +7,16 @@ the bare flag and ``false`` leaves it out (so a flag that is on by default is tu
 ``SM_VLLM_NO_ENABLE_PREFIX_CACHING=true``); a JSON list gives one argument per element; anything else is passed as
 written; ``--port 8080`` comes first.
 
-``container_environment`` is a pure function of the init properties: LMI's option names become vLLM's engine
-arguments exactly as the vllm backend maps them on DJLServing (``backends/vllm/options.py``, LoRA in
-``adapters.py``), and every other ``option.<engine argument>`` passes through, as LMI's vLLM handler passes it.
+``container_environment`` is a pure function of the init properties, which it resolves as the handler does in the
+container (``vllm_container/service.py``'s ``container_deployment``: the runtime's resolver, the vllm backend named):
+LMI's option names become vLLM's engine arguments exactly as the vllm backend maps them on DJLServing
+(``backends/vllm/options.py``, LoRA in ``backends/vllm/adapters.py``), every other ``option.<engine argument>``
+passes through, as LMI's vLLM handler passes it, and the tool-call options are the server's flags of the same names.
 What the handler itself reads (``max_new_tokens``, ``output_formatter``, ``tgi_compat``, the request limits) stays
 in ``serving.properties``, which the handler reads beside ``model.py`` in the container (``vllm_container/``).
 DJLServing's own settings (workers, queues, timeouts, its batching) are not carried, and each is named in a note;
-an option with no vLLM equivalent (another backend's, a CPU device, an ``s3://`` model) is refused, naming it.
+an option with no vLLM equivalent (another backend's, a CPU device, an ``s3://`` model, a name neither vLLM nor the
+handler reads) is refused, naming it.
 """
 
 from __future__ import annotations
@@ -25,20 +28,23 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
-from lmi_handlers.adapters import LoraOptions, vllm_engine_args
 from lmi_handlers.backends.hf.paged_cache import POOL_KEYS
 from lmi_handlers.backends.registry import BACKENDS
-from lmi_handlers.backends.vllm import KEYS as VLLM_KEYS, Options
-from lmi_handlers.config import HANDLER_KEYS, SERVER_KEYS, ConfigError
+from lmi_handlers.backends.vllm import KEYS as VLLM_KEYS
+from lmi_handlers.backends.vllm.adapters import vllm_engine_args
+from lmi_handlers.config import HANDLER_KEYS, SERVER_KEYS, ConfigError, check_unknown_keys
+from lmi_handlers.deployment import Host
+from lmi_handlers.structured.reasoning import KEYS as REASONING_KEYS
+from lmi_handlers.vllm_container.service import container_deployment
 
 PREFIX = "SM_VLLM_"
 #: Where SageMaker puts the model directory; the container loads ``model.py`` from there (``SAGEMAKER_MODEL_PATH``).
 MODEL_PATH = "/opt/ml/model"
-#: The handler's tool-call options are vLLM's own flags of the same names in the container.
-TOOL_KEYS = frozenset({"enable_auto_tool_choice", "tool_call_parser"})
-LORA_KEYS = frozenset({"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"})
-#: Read by the handler in the container from serving.properties, or turned into engine arguments by the options.
-NOT_FLAGS = (HANDLER_KEYS - TOOL_KEYS) | LORA_KEYS | SERVER_KEYS | {"model_dir", "tokenizer"}
+#: The container as the resolver's target: a GPU host, whatever its instance (the backend is named: vllm).
+GPU_HOST = Host(family="gpu", kind="gpu")
+#: Read by the handler in the container from serving.properties, or turned into engine arguments by the options
+#: (LoRA's); the reasoning parser is both the handler's and vLLM's (its structured outputs wait for the reasoning).
+NOT_FLAGS = (HANDLER_KEYS - frozenset(REASONING_KEYS)) | SERVER_KEYS | {"model_dir", "tokenizer"}
 #: vLLM's own defaults of engine arguments every mapping has: left out unless serving.properties sets them.
 VLLM_DEFAULTS = {"dtype": "auto", "trust_remote_code": False, "pipeline_parallel_size": 1}
 #: DJLServing's batching settings: vLLM's server batches continuously, as DJL's ``rolling_batch=vllm``.
@@ -61,16 +67,18 @@ def container_environment(props: Mapping[str, str], model: str, *, adapters: Ite
     with the adapter folders ``adapters/<name>`` beside serving.properties, under ``served_name``, on ``gpus``
     GPUs (``tensor_parallel_degree=max``); ``ConfigError`` names an option the container cannot honour."""
     _refuse(props)
-    options = Options.from_properties(props)
+    deployment = container_deployment(props, model, model_path, GPU_HOST)
+    options, lora, tools = deployment.options, deployment.lora, deployment.tools
     args: dict[str, Any] = options.engine_args(model)
     del args["tokenizer"]  # vLLM's default: the model's own
     if options.tensor_parallel_size is None:
         args["tensor_parallel_size"] = gpus
-    lora = LoraOptions.from_properties(props)
     args.update(vllm_engine_args(lora))
     chosen = [(name, value, "model_id" if name == "model" else options.source(name)) for name, value in args.items()
               if options.source(name) in props or name not in VLLM_DEFAULTS or VLLM_DEFAULTS[name] != value]
     chosen += [(key, text, key) for key, text in options.passthrough if key not in NOT_FLAGS]
+    chosen += [(key, value, key) for key, value in (("enable_auto_tool_choice", tools.auto),
+                                                    ("tool_call_parser", tools.parser)) if key in props]
     env: dict[str, str] = {}
     sources: dict[str, str] = {}
     for name, value, source in chosen:
@@ -161,6 +169,10 @@ def _refuse(props: Mapping[str, str]) -> None:
         if key in others and key not in shared:
             raise ConfigError(key, props[key], f"an option of the {others[key]} backend; vLLM has no equivalent "
                               "(remove it to serve this model in AWS's vLLM container)")
+        unknown = check_unknown_keys({key: props[key]}, VLLM_KEYS)
+        if unknown:  # DJLServing would ignore it; the container's server would refuse it as a flag
+            raise ConfigError(key, props[key], f"neither vLLM's engine nor LMI's handler reads it ({unknown[0]} on "
+                              "DJLServing); a flag of vLLM's server goes as an SM_VLLM_* variable (lmi deploy --env)")
 
 
 def _notes(props: Mapping[str, str]) -> tuple[str, ...]:

@@ -63,10 +63,18 @@ def _receive(reader: BinaryIO, loop: asyncio.AbstractEventLoop, closed: asyncio.
 
 
 def _send(connection: socket.socket, answers: queue.SimpleQueue) -> None:
-    while (output := answers.get()) is not None:
+    """Writes the answers in order; those already waiting go out in one write (a step answers many requests).
+    ``None`` ends it."""
+    last = False
+    while not last:
+        waiting = [answers.get()]
+        while not answers.empty():
+            waiting.append(answers.get_nowait())
+        last = None in waiting
+        frames = [frame for output in waiting[:waiting.index(None) if last else None]
+                  for frame in iter_output_frames(output)]
         try:
-            for frame in iter_output_frames(output):
-                connection.sendall(frame)
+            connection.sendall(b"".join(frames))
         except OSError:
             return
 

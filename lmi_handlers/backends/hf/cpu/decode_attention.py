@@ -8,7 +8,7 @@ values prefetched, which makes decode steps faster the more rows they have (``be
 figures in docs/engine.md, "Figures"). The sums run in another order, so outputs differ from
 torch's by about 1e-7; greedy output equals ``model.generate`` (tests).
 
-It is C++ (``kernels.build``), because torch has no operator that attends over a block table. Float32 on
+It is C++ (``common.build``), because torch has no operator that attends over a block table. Float32 on
 the CPU only. torch is passed in by the backend; nothing here runs at import time.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .kernels import build
+from .common import build
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
 
