@@ -100,7 +100,8 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            instance: str = typer.Option(..., help="SageMaker instance type: ml.inf2.48xlarge, ml.g5.12xlarge..."),
            role: str = typer.Option(..., help="Execution role ARN SageMaker assumes (S3 read, ECR pull)"),
            image: Optional[str] = typer.Option(None, help="Container image URI (default: the LMI image for "
-                                                          "the instance)"),
+                                                          "the instance, of the release --model-dir's "
+                                                          "'# lmi: image=' line names)"),
            lmi_version: Optional[str] = typer.Option(None, help="LMI release for the default image (0.29.0...)"),
            name: Optional[str] = typer.Option(None, help="Name of the model, endpoint config and endpoint "
                                                          "(default: lmi-<artifact>-<time>)"),
@@ -125,9 +126,12 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            component: Optional[str] = typer.Option(None, help="Deploy as this inference component onto endpoint "
                                                               "--name (created if missing)"),
            copies: int = typer.Option(1, help="With --component: copies of the model"),
-           model_dir: Optional[Path] = typer.Option(None, help="The packaged model directory: with --component, lmi "
-                                                               "validate sizes a copy from it; with --container vllm, "
-                                                               "its serving.properties is the container's environment"),
+           model_dir: Optional[Path] = typer.Option(None, help="The packaged model directory: its '# lmi: image=' "
+                                                               "line picks the default LMI image, whose DJL must have "
+                                                               "the async engine where its handler needs it; with "
+                                                               "--component, lmi validate sizes a copy from it; with "
+                                                               "--container vllm, its serving.properties is the "
+                                                               "container's environment"),
            accelerators: Optional[int] = typer.Option(None, help="With --component and no --model-dir: "
                                                                  "NeuronCores or GPUs per copy"),
            memory_mb: int = typer.Option(1024, help="With --accelerators: host memory per copy in MiB"),
@@ -152,8 +156,13 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
     from ..sagemaker.scaling import Autoscaling
 
     environment = env_pairs(env)
+    package = None
     if check_container(container) == "vllm":
         environment = _vllm_environment(model_dir, instance, environment)
+    elif model_dir is not None:
+        from ..sagemaker.package_image import read_package
+
+        package = read_package(model_dir)
     sess = aws.session(region, profile)
     scaling = Autoscaling.parse(autoscale, target_metric, target_value, scale_in_cooldown, scale_out_cooldown) \
         if autoscale else None
@@ -165,7 +174,7 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
                           region=aws.region_of(sess), image=image, lmi_version=lmi_version,
                           instance_count=instance_count, environment=environment,
                           download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size,
-                          autoscaling=scaling, container=container, vllm_version=vllm_version)
+                          autoscaling=scaling, container=container, vllm_version=vllm_version, package=package)
     if component:
         _deploy_component(sess, spec, component, copies, model_dir, accelerators, memory_mb, wait_timeout,
                           poll_interval, check, dry_run,

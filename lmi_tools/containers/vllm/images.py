@@ -6,10 +6,10 @@ sagemaker``), and on the ECR Public Gallery (``public.ecr.aws/deep-learning-cont
 are the SageMaker images that aws/deep-learning-containers lists in ``docs/src/data/vllm/*-gpu-sagemaker.yml``; the
 accounts are the Deep Learning Containers' registries, the same as LMI's (``sagemaker/images.py``).
 
-The sagemaker SDK's ``image_uris.retrieve`` is asked first, as for LMI's images, in case it lists the image: its
-configuration (``image_uri_config/``, sagemaker-python-sdk at the time of writing) has ``huggingface-vllm`` (Hugging
-Face's vLLM image, repository ``huggingface-vllm``) but no ``vllm``, so the table is what answers today. A release
-newer than the table needs ``--image``.
+The sagemaker SDK's ``image_uris.retrieve("vllm", ...)`` is asked first, as for LMI's images: SDK v3's
+configuration (``sagemaker-core/src/sagemaker/core/image_uri_config/vllm.json``) lists this image from vLLM 0.28.0 on
+(older SDKs list only ``huggingface-vllm``, Hugging Face's vLLM image), so for the releases below, or without the SDK,
+the table answers. A release newer than both needs ``--image``.
 """
 
 from __future__ import annotations
