@@ -64,7 +64,7 @@ class AsyncService:
                                           f"{inputs.get_batch_size()} (set batch_size=1)"))
         if self.handler.pooler is not None:
             return await self._embed(inputs)
-        job = await self._prepare(inputs.get_batches()[0])
+        job = await self.prepare(inputs.get_batches()[0])
         if job.error is not None:
             return djl.async_output("", True, JSON, job.error.message, job.error.code)
         tracking_id = str(inputs.get_property(TRACKING_ID))
@@ -94,7 +94,7 @@ class AsyncService:
         if queue is not None:
             queue.put_nowait(None)
 
-    async def _prepare(self, item: Any) -> Job:
+    async def prepare(self, item: Any) -> Job:
         """The request's job; a large body is parsed and tokenized, and a grammar compiled (within the grammar budgets,
         ``Handler.admit``), off the event loop."""
         loop = asyncio.get_running_loop()
@@ -117,22 +117,23 @@ class AsyncService:
 
     async def _complete(self, job: Job, tracking_id: str) -> Any:
         body = ""
-        async for text in self._texts(job, tracking_id):
+        async for text in self.texts(job, tracking_id):
             body += text
         if job.error is not None:
             return djl.async_output("", True, JSON, job.error.message, job.error.code)
         return djl.async_output(body, True, job.content_type)
 
     async def _stream(self, job: Job, tracking_id: str) -> AsyncIterator[Any]:
-        async for text in self._texts(job, tracking_id):
+        async for text in self.texts(job, tracking_id):
             if job.error is not None:
                 break
             yield djl.async_output(text[:-1] if text.endswith("\n") else text, job.done, job.content_type)
         if job.error is not None:
             yield djl.async_output("", True, JSON, job.error.message, job.error.code)
 
-    async def _texts(self, job: Job, tracking_id: str) -> AsyncIterator[str]:
-        """The request's text as it becomes due, until its job is done (an error included)."""
+    async def texts(self, job: Job, tracking_id: str) -> AsyncIterator[str]:
+        """The request's text as it becomes due, until its job is done (an error included). The handler in AWS's vLLM
+        container answers its HTTP requests with these texts (``vllm_container/service.py``)."""
         async for events in self._events(job, tracking_id):
             try:
                 text = job.take(events)

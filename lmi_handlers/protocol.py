@@ -20,9 +20,12 @@ import io
 import json
 import logging
 import struct
-from typing import Any, Callable, Iterator
+import uuid
+from typing import Any, Callable, Iterable, Iterator
 
 from . import ndlist
+
+CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 
 
 class PairList:
@@ -189,6 +192,30 @@ class Input:
 
     def is_empty(self) -> bool:
         return self.content.is_empty()
+
+
+def request_input(headers: Iterable[tuple[str, str]], body: bytes, query: Iterable[tuple[str, str]] = (),
+                  request_id: str | None = None) -> Input:
+    """One request as DJLServing's Java front end builds its ``Input``: the HTTP headers as properties (original case),
+    ``X-Amzn-SageMaker-Custom-Attributes`` split into ``k=v`` properties, ``requestId`` (the client's
+    ``X-Request-Id``, else a new one), the query parameters, then the body as ``data``. ``lmi serve`` builds its
+    requests with it, and so does the handler in AWS's vLLM container, which has no Java in front of it."""
+    properties: dict[str, str] = {}
+    for name, value in headers:
+        if name.lower() == CUSTOM_ATTRIBUTES:
+            for pair in value.split(";"):
+                key, sep, val = pair.strip().partition("=")
+                if sep and key:
+                    properties[key] = val
+        else:
+            properties[name] = value
+    given = next((v for k, v in properties.items() if k.lower() == "x-request-id"), None)
+    properties["requestId"] = request_id or given or str(uuid.uuid4())
+    content = PairList()
+    for name, value in query:
+        content.add(name, value.encode("utf-8"))
+    content.add("data", body)
+    return Input(properties, content)
 
 
 class _JSONEncoder(json.JSONEncoder):

@@ -65,6 +65,19 @@ def vllm_tiny_model_dir(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))
 
 
+@pytest.fixture(scope="session")
+def smollm2_rolling(tmp_path_factory, smollm2_dir, vllm_properties):
+    """``lmi serve`` with ``option.rolling_batch=vllm`` on SmolLM2 (DJL's sync mode): one server for the modules
+    that ask it (``test_vllm_serve.py``, and ``test_vllm_container.py``'s reference answers), since a vLLM start
+    takes minutes."""
+    from integration_tests.conftest import Servers
+
+    servers = Servers(tmp_path_factory.mktemp("smollm2-rolling"))
+    model = servers.model_dir("smollm2", {**vllm_properties, "option.model_id": str(smollm2_dir),
+                                          "option.rolling_batch": "vllm", "option.max_new_tokens": 32})
+    yield servers([model], ready=False).wait_ready(timeout=READY_TIMEOUT)
+    servers.stop()
+
 
 class VllmServer:
     """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``) on a free port, started at once;

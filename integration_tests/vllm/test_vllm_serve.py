@@ -22,10 +22,8 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.fixture(scope="module")
-def server(serve_module, smollm2_dir, vllm_properties):
-    model = serve_module.model_dir("smollm2", {**vllm_properties, "option.model_id": str(smollm2_dir),
-                                               "option.rolling_batch": "vllm", "option.max_new_tokens": 32})
-    return serve_module([model], ready=False).wait_ready(timeout=900)
+def server(smollm2_rolling):
+    return smollm2_rolling
 
 
 @pytest.fixture(scope="module")

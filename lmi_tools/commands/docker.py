@@ -34,8 +34,13 @@ def docker_run(
     predict_timeout: int = typer.Option(240, help="PREDICT_TIMEOUT in seconds"),
     name: Optional[str] = typer.Option(None, help="Container name (default lmi-<model directory name>)"),
     execute: bool = typer.Option(False, "--exec", help="Run the command instead of printing it"),
+    container: str = typer.Option("lmi", "--container", help="lmi (DJLServing, this project's images) or vllm (AWS's "
+                                                             "vLLM container on a GPU host; its public image unless "
+                                                             "--image)"),
 ) -> int:
-    """Print the docker run line that serves MODEL_DIR with DJLServing on an inf2/trn1 or G5 host."""
+    """Print the docker run line that serves MODEL_DIR with DJLServing on an inf2/trn1 or G5 host (or in AWS's vLLM
+    container on a GPU host)."""
+    from ..containers import check_container
     from ..ec2.docker_run import DockerOptions, plan_docker_run
     from ..modeldir.properties import instance_type, parse_properties, read_text
 
@@ -45,17 +50,26 @@ def docker_run(
     text = read_text(props_file) if props_file.is_file() else ""
     properties = parse_properties(text)
     instance = instance_type(model_dir, text, instance)
+    if check_container(container) == "vllm":
+        from ..containers.vllm.launch import docker_run as vllm_docker_run
+
+        plan = vllm_docker_run(model_dir, instance, image, port, name)
+        return _run(plan.notes, plan.command_line, plan.argv, execute)
     for label, value in (("--tp", tp), ("--copies", copies)):
         if value is not None and value < 1:
             raise UsageError(f"{label} must be at least 1, got {value}")
     plan = plan_docker_run(model_dir, properties, DockerOptions(
         instance=instance, image=image, tp=tp, copies=copies, port=port, compile_cache=compile_cache,
         loading_timeout=loading_timeout, predict_timeout=predict_timeout, name=name))
-    for note in plan.notes:
+    return _run(plan.notes, plan.command_line, plan.argv, execute)
+
+
+def _run(notes, command_line: str, argv: list[str], execute: bool) -> int:
+    for note in notes:
         typer.echo(f"# {note}", err=True)
     if not execute:
-        typer.echo(plan.command_line)
+        typer.echo(command_line)
         return 0
     if shutil.which("docker") is None:
         raise ToolError("docker is not installed or not on PATH", hint="run without --exec to print the command")
-    return subprocess.run(plan.argv, check=False).returncode
+    return subprocess.run(argv, check=False).returncode

@@ -23,10 +23,16 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
             no_validate: bool = typer.Option(False, "--no-validate", help="Package even if lmi validate fails"),
             instance: Optional[str] = typer.Option(None, "--instance", "-i", help="Instance type for validation"),
             config: Optional[Path] = typer.Option(None, "--config", help="The model's config.json for validation"),
+            container: str = typer.Option("lmi", "--container", help="lmi (LMI's DJLServing images) or vllm (AWS's "
+                                                                     "vLLM container: validated for it, with the "
+                                                                     "model.py that serves it)"),
             ) -> None:
     """Validate, then package the model directory with the lmi_handlers runtime vendored beside model.py."""
+    from ..containers import check_container
     from ..outputs import check_writable
     from ..packaging.package import build
+
+    check_container(container)
 
     if output is None and uncompressed is None:
         output = Path("model.tar.gz")
@@ -36,7 +42,7 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
         check_writable(uncompressed, folder=True, hint="give --uncompressed a new or empty folder")
     with _byte_progress(output or uncompressed) as progress:
         artifact = build(model_dir, output, uncompressed, validate=not no_validate, instance=instance, config=config,
-                         progress=progress)
+                         progress=progress, container=container)
     for warning in artifact.warnings:
         typer.secho(f"warning: {warning}", fg="yellow", err=True)
     if artifact.replaced_runtime:

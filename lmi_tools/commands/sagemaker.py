@@ -100,7 +100,8 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            instance: str = typer.Option(..., help="SageMaker instance type: ml.inf2.48xlarge, ml.g5.12xlarge..."),
            role: str = typer.Option(..., help="Execution role ARN SageMaker assumes (S3 read, ECR pull)"),
            image: Optional[str] = typer.Option(None, help="Container image URI (default: the LMI image for "
-                                                          "the instance)"),
+                                                          "the instance, of the release --model-dir's "
+                                                          "'# lmi: image=' line names)"),
            lmi_version: Optional[str] = typer.Option(None, help="LMI release for the default image (0.29.0...)"),
            name: Optional[str] = typer.Option(None, help="Name of the model, endpoint config and endpoint "
                                                          "(default: lmi-<artifact>-<time>)"),
@@ -125,8 +126,12 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
            component: Optional[str] = typer.Option(None, help="Deploy as this inference component onto endpoint "
                                                               "--name (created if missing)"),
            copies: int = typer.Option(1, help="With --component: copies of the model"),
-           model_dir: Optional[Path] = typer.Option(None, help="With --component: the packaged model directory; "
-                                                               "lmi validate sizes a copy from it"),
+           model_dir: Optional[Path] = typer.Option(None, help="The packaged model directory: its '# lmi: image=' "
+                                                               "line picks the default LMI image, whose DJL must have "
+                                                               "the async engine where its handler needs it; with "
+                                                               "--component, lmi validate sizes a copy from it; with "
+                                                               "--container vllm, its serving.properties is the "
+                                                               "container's environment"),
            accelerators: Optional[int] = typer.Option(None, help="With --component and no --model-dir: "
                                                                  "NeuronCores or GPUs per copy"),
            memory_mb: int = typer.Option(1024, help="With --accelerators: host memory per copy in MiB"),
@@ -137,13 +142,27 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
                                                help="TOML/JSON file of these settings (keys: the option names "
                                                     "with _); options given here win"),
            dry_run: bool = typer.Option(False, "--dry-run", help="Print the API calls as JSON; call nothing"),
+           container: str = typer.Option("lmi", "--container",
+                                         help="lmi (LMI's DJLServing image) or vllm (AWS's vLLM container; its "
+                                              "environment from --model-dir's serving.properties)"),
+           vllm_version: Optional[str] = typer.Option(None, help="With --container vllm: the vLLM release of the "
+                                                                 "image (default: the newest in lmi's table)"),
            region: Optional[str] = REGION, profile: Optional[str] = PROFILE) -> None:
     """Create a SageMaker model, endpoint config and endpoint for an artifact, and wait until InService; or, with
     --component, a model as an inference component on a (new or existing) endpoint."""
+    from ..containers import check_container
     from ..sagemaker import aws
     from ..sagemaker import deploy as lib
     from ..sagemaker.scaling import Autoscaling
 
+    environment = env_pairs(env)
+    package = None
+    if check_container(container) == "vllm":
+        environment = _vllm_environment(model_dir, instance, environment)
+    elif model_dir is not None:
+        from ..sagemaker.package_image import read_package
+
+        package = read_package(model_dir)
     sess = aws.session(region, profile)
     scaling = Autoscaling.parse(autoscale, target_metric, target_value, scale_in_cooldown, scale_out_cooldown) \
         if autoscale else None
@@ -153,9 +172,9 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
         raise UsageError("--component needs --name, the endpoint that hosts it", hint="e.g. --name llm-pool")
     spec = lib.EndpointSpec(artifact=artifact, instance=instance, role=role, name=name or lib.default_name(artifact),
                           region=aws.region_of(sess), image=image, lmi_version=lmi_version,
-                          instance_count=instance_count, environment=env_pairs(env),
+                          instance_count=instance_count, environment=environment,
                           download_timeout=download_timeout, startup_timeout=startup_timeout, volume_size=volume_size,
-                          autoscaling=scaling)
+                          autoscaling=scaling, container=container, vllm_version=vllm_version, package=package)
     if component:
         _deploy_component(sess, spec, component, copies, model_dir, accelerators, memory_mb, wait_timeout,
                           poll_interval, check, dry_run,
@@ -187,6 +206,17 @@ def deploy(artifact: str = typer.Option(..., help="s3://.../model.tar.gz, or s3:
                             autoscaling=scaler)
     typer.echo(json.dumps({"EndpointName": spec.name, "EndpointArn": result.get("EndpointArn"),
                            "EndpointStatus": result.get("EndpointStatus", "Creating")}))
+
+
+def _vllm_environment(model_dir: Optional[Path], instance: str, given: dict[str, str]) -> dict[str, str]:
+    """AWS's vLLM container's environment from the packaged directory's serving.properties (``--env`` wins)."""
+    from ..containers.vllm.launch import deploy_environment
+    from ..errors import UsageError
+
+    if model_dir is None:
+        raise UsageError("--container vllm needs --model-dir, the directory you packaged: its serving.properties "
+                         "becomes the container's SM_VLLM_* environment", hint="e.g. --model-dir ./my-model")
+    return deploy_environment(model_dir, instance, given)
 
 
 def _deploy_component(sess, spec, component: str, copies: int, model_dir: Optional[Path],

@@ -49,11 +49,21 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
           endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
                                                   "name: SageMaker Runtime calls must name a model as "
                                                   "InferenceComponentName"),
-          log_level: str = typer.Option("info", help="debug, info, warning, error")) -> None:
+          log_level: str = typer.Option("info", help="debug, info, warning, error"),
+          container: str = typer.Option("lmi", "--container", help="lmi (DJLServing's API) or vllm (vLLM's own "
+                                                                   "OpenAI server as AWS's vLLM container runs it: one "
+                                                                   "model; --host and --port apply)")) -> None:
     """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
     import re
 
+    from ..containers import check_container
     from ..errors import UsageError
+
+    if check_container(container) == "vllm":
+        given = {"--management-port": management_port, "--model-url-pattern": model_url_pattern,
+                 "--job-queue-size": job_queue_size, "--endpoint": endpoint}
+        _serve_container(models, host, port, [name for name, value in given.items() if value is not None])
+        return
     from ..serving.app import INFERENCE, MANAGEMENT, create_app, listen, serve as run
     from ..serving.store import ModelStore, ServerConfig
 
@@ -121,6 +131,25 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         run(listeners, log_level)
     finally:  # however the server ends (a listener that fails to start too), no worker process outlives it
         store.close()
+
+
+def _serve_container(models: list[str], host: str, port: int, unused: list[str]) -> None:
+    """vLLM's own server for one model directory, as AWS's vLLM container starts it (this process becomes it)."""
+    from ..containers.vllm.launch import local_server, start
+    from ..errors import UsageError
+
+    if len(models) != 1 or unused:
+        raise UsageError(f"lmi serve --container vllm serves one model directory with --host and --port; got "
+                         f"{len(models)} directories" + (f" and {', '.join(unused)}" if unused else ""),
+                         hint="lmi serve --container vllm [NAME=]DIR --port 8080")
+    [(name, path)] = _targets(models)
+    _warn_exposed(host, "127.0.0.1", None)
+    launch = local_server(path, name, host, port)
+    for note in launch.notes:
+        typer.echo(f"note: {note}", err=True)
+    typer.echo(f"lmi serve --container vllm: http://{host}:{port} (/ping, /invocations, /v1/...) model: {name}\n"
+               f"{launch.shown()}", err=True)
+    start(launch)
 
 
 def _targets(specs: list[str]) -> list[tuple[str, Path]]:

@@ -19,12 +19,21 @@ def validate(model_dir: Path = typer.Argument(..., help="Model directory (with s
              instance: Optional[str] = typer.Option(None, "--instance", "-i",
                                                     help="Instance type; default: the '# lmi: instance_type=' line"),
              config: Optional[Path] = typer.Option(None, "--config", help="The model's config.json"),
-             as_json: bool = typer.Option(False, "--json", help="Print the report as JSON")) -> None:
+             as_json: bool = typer.Option(False, "--json", help="Print the report as JSON"),
+             container: str = typer.Option("lmi", "--container", help="lmi (LMI's DJLServing images) or vllm (AWS's "
+                                                                      "vLLM container: its engine, environment and "
+                                                                      "model.py)")) -> None:
     """Check TP degree, heads, memory per core, sequence length, batching and dtype; exit 3 on errors."""
+    from ..containers import check_container
     from ..errors import ValidationFailed
     from ..validation.validate import validate_model_dir
 
-    report = validate_model_dir(model_dir, instance, config)
+    if check_container(container) == "vllm":
+        from ..containers.vllm.checks import validate_container
+
+        report = validate_container(model_dir, instance, config)
+    else:
+        report = validate_model_dir(model_dir, instance, config)
     if as_json:  # the report is the answer; its errors only set the exit status (lmi_tools/cli.py, --json)
         typer.echo(json.dumps(report.to_dict(), indent=2))
         if not report.ok:

@@ -237,14 +237,19 @@ class Artifact:
 
 
 def build(model_dir: Path, output: Path | None, tree: Path | None, validate: bool = True,
-          instance: str | None = None, config: Path | None = None, progress: Progress | None = None) -> Artifact:
-    """Validate (unless told not to), collect, then write the tarball and/or the uncompressed tree."""
+          instance: str | None = None, config: Path | None = None, progress: Progress | None = None,
+          container: str = "lmi") -> Artifact:
+    """Validate (unless told not to), collect, then write the tarball and/or the uncompressed tree; for ``container``
+    ``vllm`` (AWS's vLLM container), validated for it and with a ``model.py`` that serves it."""
     if output is None and tree is None:
         raise UsageError("nothing to write", hint="pass -o model.tar.gz and/or --uncompressed DIR")
     warnings: list[str] = []
     if validate:
-        warnings = _validated(model_dir, instance, config)
+        warnings = _validated(model_dir, instance, config, container)
     entries = collect(model_dir, skip=tuple(p for p in (output, tree) if p is not None))
+    if container == "vllm":
+        entries, replaced = _with_container_script(model_dir, entries)
+        warnings += replaced
     warnings += shipping_warnings(model_dir, entries)
     artifact = Artifact(files=entries, total_bytes=sum(e.source.stat().st_size for e in entries),
                         replaced_runtime=(model_dir / RUNTIME_PACKAGE).is_dir(), warnings=warnings)
@@ -274,11 +279,30 @@ def shipping_warnings(model_dir: Path, entries: list[Entry]) -> list[str]:
     return warnings
 
 
-def _validated(model_dir: Path, instance: str | None, config: Path | None) -> list[str]:
+def _with_container_script(model_dir: Path, entries: list[Entry]) -> tuple[list[Entry], list[str]]:
+    """``entries`` with the ``model.py`` that serves both containers where the directory's serves DJLServing alone
+    (or is missing), and the note saying so."""
+    from ..containers.vllm.checks import container_script
+
+    script = container_script(model_dir)
+    if script is None:
+        return entries, []
+    kept = [entry for entry in entries if entry.name != "model.py"]
+    note = (f"model.py: the artifact has lmi render's model.py, which serves DJLServing and AWS's vLLM container "
+            f"(the directory's {'serves DJLServing alone' if (model_dir / 'model.py').is_file() else 'is missing'})")
+    return sorted(kept + [Entry("model.py", script)], key=lambda e: e.name), [note]
+
+
+def _validated(model_dir: Path, instance: str | None, config: Path | None, container: str = "lmi") -> list[str]:
     from ..errors import ValidationFailed
     from ..validation.validate import validate_model_dir
 
-    report = validate_model_dir(model_dir, instance, config)
+    if container == "vllm":
+        from ..containers.vllm.checks import validate_container
+
+        report = validate_container(model_dir, instance, config)
+    else:
+        report = validate_model_dir(model_dir, instance, config)
     if not report.ok:
         listing = "\n  ".join(f"{f.check}: {f.message}" + (f" ({f.hint})" if f.hint else "") for f in report.errors)
         raise ValidationFailed(f"{model_dir} does not validate:\n  {listing}",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Callable, Mapping
 
@@ -21,7 +21,8 @@ from ..errors import AwsError, UsageError
 from ..instances import HostingInstance
 from .aws import aws_errors
 from .calls import ApiCall, run
-from .images import ImageChoice, resolve_image
+from .images import FRAMEWORKS, ImageChoice, resolve_image
+from .package_image import Package
 from .polling import StatusCallback, Waitable, wait_for
 from .scaling import SERVICE as AUTOSCALING, Autoscaling, variant_resource
 from .upload import S3Uri, list_keys
@@ -62,6 +63,12 @@ class EndpointSpec:
     volume_size: int | None = None
     #: Instances scale between its bounds (Application Auto Scaling), once the endpoint is InService.
     autoscaling: Autoscaling | None = None
+    #: ``lmi`` (LMI's DJLServing images) or ``vllm`` (AWS's vLLM container: its image, ``vllm_version``'s).
+    container: str = "lmi"
+    vllm_version: str | None = None
+    #: The packaged model directory (``--model-dir``) on an LMI image: the default image is its ``# lmi: image=``
+    #: line's, and an image whose DJL lacks the async engine its handler needs is refused (``package_image.py``).
+    package: Package | None = None
 
 
 @dataclass(frozen=True)
@@ -111,7 +118,7 @@ def model_call(spec: EndpointSpec, model_name: str) -> tuple[S3Uri, HostingInsta
         raise UsageError(f"--artifact {spec.artifact} is neither a .tar.gz object nor a prefix ending in /",
                          hint="use s3://bucket/path/model.tar.gz, or s3://bucket/path/ for an uncompressed upload")
     host = HostingInstance.parse_any(spec.instance) if spec.image else HostingInstance.parse(spec.instance)
-    image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
+    image = _vllm_image(spec, host) if spec.container == "vllm" else _lmi_image(spec, host)
     container: dict = {"Image": image.uri}
     if artifact.is_prefix:
         container["ModelDataSource"] = {"S3DataSource": {"S3Uri": str(artifact), "S3DataType": "S3Prefix",
@@ -123,6 +130,37 @@ def model_call(spec: EndpointSpec, model_name: str) -> tuple[S3Uri, HostingInsta
     call = ApiCall("create_model", {"ModelName": model_name, "ExecutionRoleArn": spec.role,
                                     "PrimaryContainer": container})
     return artifact, host, image, call
+
+
+def _lmi_image(spec: EndpointSpec, host: HostingInstance) -> ImageChoice:
+    """``--image`` or ``--lmi-version``, else the package's ``# lmi: image=`` line, else the table's default; checked
+    against what the package's handler needs."""
+    package = spec.package
+    line = package.image if package is not None and not (spec.image or spec.lmi_version) else None
+    if package is None or line is None:
+        image = resolve_image(host, spec.region, spec.image, spec.lmi_version)
+    else:
+        asked_by = f"# lmi: image={line} in {package.source}"
+        if line.name != FRAMEWORKS.get(host.kind):
+            raise UsageError(f"{asked_by}: {spec.instance} runs {FRAMEWORKS.get(host.kind, 'no LMI image')}, not "
+                             f"{line.name}", hint="render the directory for this instance type (lmi render), or "
+                                                  "pass --lmi-version or --image")
+        image = resolve_image(host, spec.region, lmi_version=line.version, asked_by=asked_by)
+        image = replace(image, source=f"{image.source}, for {asked_by}")
+    if package is not None:
+        package.check_image(image)
+    return image
+
+
+def _vllm_image(spec: EndpointSpec, host: HostingInstance) -> ImageChoice:
+    from ..containers.vllm.images import vllm_image
+
+    if host.kind != "gpu" and not spec.image:
+        raise UsageError(f"--instance {spec.instance}: AWS's vLLM container runs on NVIDIA GPU instances",
+                         hint="use a GPU instance (ml.g5, ml.g6, ml.p4d...), or LMI's Neuron image (no --container)")
+    if spec.lmi_version:
+        raise UsageError("--lmi-version picks an LMI image; AWS's vLLM container takes --vllm-version")
+    return vllm_image(spec.region, spec.image, spec.vllm_version)
 
 
 def _variant(spec: EndpointSpec, host: HostingInstance) -> dict:

@@ -65,12 +65,14 @@ class ImageChoice:
     version: str | None = None
 
 
-def table_uri(framework: str, version: str, region: str) -> str:
-    """The URI from our own table; ``UsageError`` naming what is known when the version or region is not."""
+def table_uri(framework: str, version: str, region: str, asked_by: str = "--lmi-version") -> str:
+    """The URI from our own table; ``UsageError`` naming what is known when the version or region is not.
+    ``asked_by``: what asked for ``version``, for the message."""
     tags = TAGS[framework]
     if version not in tags:
-        raise UsageError(f"--lmi-version {version!r} is not in the image table for {framework}",
-                         hint=f"known versions: {', '.join(tags)}; or pass the image URI with --image")
+        raise UsageError(f"{framework} {version} ({asked_by}) is not in the image table",
+                         hint=f"known versions: {', '.join(tags)}; or pass the image URI with --image, or "
+                              "install the sagemaker SDK, whose table may know it")
     if region not in REGIONS[framework]:
         raise UsageError(f"no {framework} image is known in region {region}",
                          hint=f"{framework} regions: {', '.join(sorted(REGIONS[framework]))}; or pass --image")
@@ -89,14 +91,15 @@ def sdk_uri(framework: str, version: str, region: str) -> tuple[str, str] | None
             continue
         try:
             return module.retrieve(framework, region=region, version=version), name
-        except ValueError:  # "Unsupported ... version/region": our table may still know it
-            return None
+        except (ValueError, FileNotFoundError):  # "Unsupported ... version/region", or a framework it has no
+            return None  # configuration for: our table may still know it
     return None
 
 
 def resolve_image(instance: HostingInstance, region: str, image: str | None = None,
-                  lmi_version: str | None = None) -> ImageChoice:
-    """The image for ``instance`` in ``region``: ``image`` as given, else djl-neuronx (Neuron) or djl-lmi (GPU)."""
+                  lmi_version: str | None = None, asked_by: str = "--lmi-version") -> ImageChoice:
+    """The image for ``instance`` in ``region``: ``image`` as given, else djl-neuronx (Neuron) or djl-lmi (GPU), of
+    ``lmi_version`` (``asked_by`` says where it came from) or the default."""
     if image and lmi_version:
         raise UsageError("--image and --lmi-version exclude each other", hint="give one of them")
     if image:
@@ -106,4 +109,4 @@ def resolve_image(instance: HostingInstance, region: str, image: str | None = No
     found = sdk_uri(framework, version, region)
     if found is not None:
         return ImageChoice(found[0], f"sagemaker SDK ({found[1]})", framework, version)
-    return ImageChoice(table_uri(framework, version, region), "lmi_tools table", framework, version)
+    return ImageChoice(table_uri(framework, version, region, asked_by), "lmi_tools table", framework, version)

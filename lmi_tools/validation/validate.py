@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
@@ -61,10 +61,11 @@ class Report:
         return data
 
 
-def validate_model_dir(model_dir: str | Path, instance: str | None = None,
-                       config_path: str | Path | None = None) -> Report:
-    """Validate ``model_dir``; ``instance`` defaults to the ``# lmi: instance_type=`` line of its properties."""
-    target, findings = load_target(Path(model_dir), instance, config_path)
+def validate_model_dir(model_dir: str | Path, instance: str | None = None, config_path: str | Path | None = None,
+                       overrides: Mapping[str, str] | None = None) -> Report:
+    """Validate ``model_dir``; ``instance`` defaults to the ``# lmi: instance_type=`` line of its properties;
+    ``overrides`` replace properties (the engine another container runs the directory with)."""
+    target, findings = load_target(Path(model_dir), instance, config_path, overrides)
     findings.extend(run_checks(target))
     return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
                   architecture=_describe(target), findings=findings,
@@ -88,11 +89,13 @@ def _describe(target: Target) -> str:
             f"vocab {a.vocab_size}, {a.max_positions} positions (from {target.arch_source})")
 
 
-def load_target(model_dir: Path, instance: str | None, config_path: str | Path | None) -> tuple[Target, list[Finding]]:
+def load_target(model_dir: Path, instance: str | None, config_path: str | Path | None,
+                overrides: Mapping[str, str] | None = None) -> tuple[Target, list[Finding]]:
     """Read the inputs; problems that stop individual checks become findings, not exceptions."""
     text = read_text(model_dir / "serving.properties")
     name = instance_type(model_dir, text, instance)
-    target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
+    props = {**init_properties(parse_properties(text)), **(overrides or {})}
+    target = Target(model_dir=model_dir.resolve(), props=props,
                     instance=lookup(name), non_ascii=not text.isascii(), directives=parse_directives(text))
     findings: list[Finding] = []
     try:

@@ -77,14 +77,17 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     assert parse_directives(text) == {"instance_type": spec.instance_type, "image": str(spec.target_image)}
 
 
-def test_rendered_model_py_is_the_two_line_shim(tmp_path):
+def test_rendered_model_py_serves_djlserving_and_leaves_the_vllm_container_alone_elsewhere(tmp_path):
+    """The one model.py of both containers: DJLServing's handle(); install() registers nothing outside vLLM's server
+    (tests/vllm/test_vllm_container_routes.py loads it inside one)."""
+    import importlib.util
+
     write_model_dir(parse_spec(BASE), tmp_path, "test")
-    lines = (tmp_path / "model.py").read_text().splitlines()
-    assert len(lines) == 2
-    assert lines[1].startswith("from lmi_handlers.entrypoint import handle")
-    namespace: dict = {}
-    exec(compile((tmp_path / "model.py").read_text(), "model.py", "exec"), namespace)  # our own template
-    assert callable(namespace["handle"])
+    spec = importlib.util.spec_from_file_location("rendered_model", tmp_path / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)  # our own template
+    assert callable(module.handle) and module.handle.__module__ == "lmi_handlers.entrypoint"
+    assert module.install(str(tmp_path)) is False and module.HERE == str(tmp_path.resolve())
 
 
 def test_requirements_lines(tmp_path):

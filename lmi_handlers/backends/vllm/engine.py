@@ -77,7 +77,8 @@ class VllmBackend:
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
         self.options = options
-        self.tokenizer = _tokenizer(config, options)
+        self.grammar_budget = grammar
+        self.tokenizer = load_tokenizer(config.model_id, options.trust_remote_code, options.revision)
         if tools.parser is not None:
             check_tool_parser(self.tokenizer.hf, tools.parser)  # before vLLM's start, which takes minutes
         accepted = engine_arg_defaults(EngineArgs)
@@ -98,9 +99,13 @@ class VllmBackend:
             vllm_config = EngineArgs(**kwargs).create_engine_config()
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
+        self.llm: Any = None  # vLLM's LLMEngine, once make_engine builds it
+        self._adopt(vllm_config)
+
+    def _adopt(self, vllm_config: Any) -> None:
+        """What requests are checked against, from the configuration of the engine that serves them."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
-        self.llm: Any = None  # vLLM's LLMEngine, once make_engine builds it
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -108,7 +113,7 @@ class VllmBackend:
         # vLLM's own matchers): what passes here is what vLLM's matcher gets.
         hf = self.tokenizer.hf
         self.grammars = GrammarCompiler(hf, max(self.vocab_size, len(hf)), hf.eos_token_id,
-                                        grammar, library_limits=True)
+                                        self.grammar_budget, library_limits=True)
         # After a step that prefilled only part of a prompt, vLLM rewinds that request's own random generator (one
         # exists only for a request with a seed), and a CPU generator cannot rewind: on vLLM's CPU build the engine
         # stops ("CPU Generator does not use offset"). Prompts are split only with chunked prefill.
@@ -253,16 +258,16 @@ class VllmLoop(EngineWatch):
         return events
 
 
-def _tokenizer(config: HandlerConfig, options: Options) -> HFTokenizer:
+def load_tokenizer(model: str, trust_remote_code: bool, revision: str | None) -> HFTokenizer:
     """The model's transformers tokenizer (the one vLLM tokenizes with) and its generation config's EOS ids."""
     from transformers import AutoTokenizer, GenerationConfig
 
-    common = {"trust_remote_code": options.trust_remote_code, "revision": options.revision}
+    common = {"trust_remote_code": trust_remote_code, "revision": revision}
     try:
-        generation_config = GenerationConfig.from_pretrained(config.model_id, **common)
+        generation_config = GenerationConfig.from_pretrained(model, **common)
     except OSError:  # no generation_config.json: the tokenizer's EOS alone
         generation_config = None
-    return HFTokenizer(AutoTokenizer.from_pretrained(config.model_id, **common), generation_config)
+    return HFTokenizer(AutoTokenizer.from_pretrained(model, **common), generation_config)
 
 
 def _device_count() -> int:

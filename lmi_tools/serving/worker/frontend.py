@@ -4,8 +4,9 @@ Each function reproduces one layout of ``reference/djl-contract.md``; the local 
 contract tests both use them, so what passes locally is what the container sends:
 
 * ``init_input``: the empty init call carrying every option (``option.`` stripped) and ``handler``;
-* ``request_input``: HTTP headers as properties (original case), ``X-Amzn-SageMaker-Custom-Attributes``
-  split into ``k=v`` properties, ``requestId``, query parameters then the body as ``data``;
+* ``request_input`` (from ``lmi_handlers/protocol.py``, which the handler in AWS's vLLM container builds its requests
+  with too): HTTP headers as properties (original case), ``X-Amzn-SageMaker-Custom-Attributes`` split into ``k=v``
+  properties, ``requestId``, query parameters then the body as ``data``;
 * ``batch_input``: N >= 2 requests packed with ``batch_size`` and ``batch_NNN.`` prefixes (a batch
   of one is sent unwrapped);
 * ``rolling_step_input``: one rolling-batch step - always the batch layout; new requests with their
@@ -16,17 +17,15 @@ contract tests both use them, so what passes locally is what the container sends
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-from lmi_handlers.protocol import Input, PairList
+from lmi_handlers.protocol import Input, PairList, request_input  # noqa: F401 - re-exported
 from lmi_handlers.rolling import CANCEL_PROPERTY, STATS_PROPERTY
 
 from .codec import binary_decode
 
-CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
 #: Model files for which DJL recommends its scikit-learn handler.
 SKLEARN_FILES = (".skops", ".joblib", ".pkl", ".pickle", ".cloudpkl")
 
@@ -56,26 +55,6 @@ def init_input(options: Mapping[str, Any], handler: str = "handle") -> Input:
     properties = {key: str(value) for key, value in options.items()}
     properties["handler"] = handler
     return Input(properties)
-
-
-def request_input(headers: Iterable[tuple[str, str]], body: bytes, query: Iterable[tuple[str, str]] = (),
-                  request_id: str | None = None) -> Input:
-    properties: dict[str, str] = {}
-    for name, value in headers:
-        if name.lower() == CUSTOM_ATTRIBUTES:
-            for pair in value.split(";"):
-                key, sep, val = pair.strip().partition("=")
-                if sep and key:
-                    properties[key] = val
-        else:
-            properties[name] = value
-    given = next((v for k, v in properties.items() if k.lower() == "x-request-id"), None)
-    properties["requestId"] = request_id or given or str(uuid.uuid4())
-    content = PairList()
-    for name, value in query:
-        content.add(name, value.encode("utf-8"))
-    content.add("data", body)
-    return Input(properties, content)
 
 
 def batch_prefix(index: int) -> str:
