@@ -3,7 +3,8 @@
 The SDK is an optional extra (it pulls in 60-130 packages, reference/sagemaker.md §1.2); its
 ``image_uris.retrieve(framework, region, version)`` reads a JSON table shipped in the wheel and works offline.
 Without it we use the table below, copied by hand from the SDK's ``image_uri_config/djl-neuronx.json`` and
-``djl-lmi.json`` (reference/sagemaker.md §1.3, reference/neuron.md §5). Images live in the ``djl-inference``
+``djl-lmi.json`` (sagemaker-core's, which has 0.31.0-0.36.0; reference/sagemaker.md §1.3, reference/neuron.md §5),
+plus djl-neuronx 0.30.0 from aws/deep-learning-containers' list of images. Images live in the ``djl-inference``
 ECR repository of AWS's account for the region: 763104351884 in most commercial regions; opt-in, China and
 GovCloud regions have their own. A release newer than the table needs ``--image``.
 """
@@ -27,10 +28,13 @@ TAGS = {
         "0.24.0": "0.24.0-neuronx-sdk2.14.1", "0.25.0": "0.25.0-neuronx-sdk2.15.0",
         "0.26.0": "0.26.0-neuronx-sdk2.16.0", "0.27.0": "0.27.0-neuronx-sdk2.18.1",
         "0.28.0": "0.28.0-neuronx-sdk2.18.2", "0.29.0": "0.29.0-neuronx-sdk2.19.1",
+        "0.30.0": "0.30.0-neuronx-sdk2.20.1",  # not in the SDK's table: aws/deep-learning-containers' list
     },
     "djl-lmi": {
         "0.28.0": "0.28.0-lmi10.0.0-cu124", "0.29.0": "0.29.0-lmi11.0.0-cu124", "0.30.0": "0.30.0-lmi12.0.0-cu124",
-        "0.33.0": "0.33.0-lmi15.0.0-cu128", "0.38.0": "0.38.0-lmi29.0.0-cu130",
+        "0.31.0": "0.31.0-lmi13.0.0-cu124", "0.32.0": "0.32.0-lmi14.0.0-cu126", "0.33.0": "0.33.0-lmi15.0.0-cu128",
+        "0.34.0": "0.34.0-lmi16.0.0-cu128", "0.35.0": "0.35.0-lmi17.0.0-cu128", "0.36.0": "0.36.0-lmi27.0.0-cu130",
+        "0.38.0": "0.38.0-lmi29.0.0-cu130",
     },
 }
 

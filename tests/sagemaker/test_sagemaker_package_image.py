@@ -8,6 +8,7 @@ import pytest
 
 from lmi_tools.cli import main
 from lmi_tools.errors import UsageError
+from lmi_tools.modeldir import image as image_lines
 from lmi_tools.sagemaker import deploy as lib
 from lmi_tools.sagemaker.package_image import read_package
 
@@ -94,3 +95,11 @@ def test_a_refused_deploy_creates_nothing(tmp_path, capsys, aws):
     code, _, err = deploy(capsys, package(tmp_path / "m", ASYNC), "--lmi-version", "0.29.0", "--no-wait")
     assert code == 2 and "djl-lmi:0.29.0" in err
     assert sm.list_models()["Models"] == [] and sm.list_endpoints()["Endpoints"] == []
+
+
+@pytest.mark.parametrize("image", [image_lines.LAST_NEURONX, image_lines.CURRENT_LMI])
+def test_every_image_a_package_defaults_to_is_in_the_deploy_table(image):
+    """A package's default ``# lmi: image=`` line deploys without the SDK: our table knows its tag."""
+    from lmi_tools.sagemaker.images import TAGS
+
+    assert image.version in TAGS[image.name]
