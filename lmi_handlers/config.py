@@ -255,7 +255,8 @@ HANDLER_KEYS = frozenset({
     "max_prompts_per_request",
     # tool calling (structured/tools.py)
     "enable_auto_tool_choice", "tool_call_parser",
-}) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}  # LoRA adapters (adapters.LoraOptions)
+}) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"} | {  # LoRA adapters (adapters.LoraOptions)
+    "scheduling_policy", "kv_events_config", "otlp_traces_endpoint"}  # vLLM's names: scheduler, kv_events, tracing
 
 
 def _as_written(key: str) -> str:

@@ -27,9 +27,10 @@ STATS_EVERY = 30.0  # seconds between two counter lines in the log while request
 
 
 class Engine:
-    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False):
+    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False,
+                 by_priority: bool = False):
         self.backend = backend
-        self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill)
+        self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill, by_priority)
         self._logged = time.monotonic()
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
@@ -39,7 +40,7 @@ class Engine:
         return not self.waiting and not self.running
 
     def add(self, seq: SequenceState) -> None:
-        self.waiting.append(seq)
+        self.scheduler.enqueue(self.waiting, seq)
 
     def cancel(self, seq: SequenceState) -> None:
         """Stop a sequence now (its client went away) and free its slot."""

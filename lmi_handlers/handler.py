@@ -25,6 +25,7 @@ from .engine import Engine
 from .errors import HandlerError, InvalidRequest, status_of
 from .job import Job, prepare_job
 from .rolling import RollingBatch
+from .scheduler import priority_scheduling
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,8 @@ class Handler:
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
+        #: ``option.scheduling_policy=priority``: requests may set ``priority`` (``scheduler.py``).
+        self.by_priority = False
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
@@ -47,6 +50,7 @@ class Handler:
         check_unknown_keys(config.properties, backend.option_keys)
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
         options = lora.LoraOptions.from_properties(config.properties)
+        self.by_priority = priority_scheduling(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
         # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
@@ -54,7 +58,8 @@ class Handler:
         if step_loop is not None:
             self.engine = step_loop(backend)
         else:
-            self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill)
+            self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
+                                 by_priority=self.by_priority)
             self.engine.scheduler.max_adapters = options.max_loras
         self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
         self.initialized = True
@@ -78,7 +83,7 @@ class Handler:
         assert self.config is not None and self.backend is not None
         try:
             return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters)
+                               adapters=self.adapters, by_priority=self.by_priority)
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")

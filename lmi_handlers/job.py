@@ -89,9 +89,9 @@ class Job:
 
 
 def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
-                adapters: Adapters | None = None) -> Job:
+                adapters: Adapters | None = None, by_priority: bool = False) -> Job:
     """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
-    for an adapter ``adapters`` does not hold)."""
+    for an adapter ``adapters`` does not hold; a ``priority`` other than 0 unless ``by_priority``)."""
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
@@ -110,6 +110,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     for request, adapter in zip(payload.requests, chosen):
         request = _structured(request, config, backend)
         _check_supported(request, backend)
+        _check_priority(request, by_priority)
         prompt_text, prompt_ids = _tokenize(request, backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
@@ -162,6 +163,16 @@ def _check_supported(request: GenerationRequest, backend: Backend) -> None:
     if outside:
         raise InvalidRequest(f"{prefix}logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 "
                              f"to {vocab - 1})", field=f"{prefix}logit_bias", value=outside[0])
+
+
+def _check_priority(request: GenerationRequest, by_priority: bool) -> None:
+    """A priority is honoured only where the server schedules by it, as vLLM's API documents; elsewhere it would be
+    silently ignored."""
+    if request.priority and not by_priority:
+        field = "priority" if request.schema is Schema.CHAT else "parameters.priority"
+        raise invalid_field(field, request.priority, "this model serves requests in arrival order "
+                            "(option.scheduling_policy=fcfs); send 0 or none, or serve it with "
+                            "option.scheduling_policy=priority")
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:

@@ -28,6 +28,8 @@ MAX_LOGIT_BIAS = 300
 MAX_TOP_LOGPROBS = 20
 #: The most choices one request may ask for (``n``): OpenAI's own limit (vLLM's default allows 16,384).
 MAX_CHOICES = 128
+#: A request's scheduling priority is a 32-bit integer, as vLLM stores it.
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,9 @@ class GenerationRequest:
     constraint: Constraint | None = None
     #: Chat tool calling: the tools, ``tool_choice`` and how calls are read back (``structured/tools.py``).
     tools: ToolCalling | None = None
+    #: Scheduling priority, vLLM's field: lower values are admitted first (then by arrival); 0 by default. Any other
+    #: value needs ``option.scheduling_policy=priority`` (``scheduler.py``).
+    priority: int = ruled(0, Rule(int, low=PRIORITY_RANGE[0], high=PRIORITY_RANGE[1]))
 
 
 @dataclass(frozen=True)

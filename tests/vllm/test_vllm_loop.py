@@ -19,7 +19,7 @@ class Engine:
     def __init__(self, fail_with=None):
         self.added, self.aborted, self.fail_with = {}, [], fail_with
 
-    def add_request(self, request_id, prompt, params, lora_request=None):
+    def add_request(self, request_id, prompt, params, lora_request=None, priority=0, trace_headers=None):
         self.added[request_id] = params
 
     def abort_request(self, request_ids):

@@ -151,7 +151,8 @@ class VllmLoop:
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
-            self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request)
+            self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request,
+                                 priority=seq.request.priority)
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
             if _engine_dead(exc):
                 self.refused.update(self._stop(exc))
