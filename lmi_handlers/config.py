@@ -61,7 +61,7 @@ SERVER_KEYS = frozenset({
     "model_loading_timeout", "predict_timeout", "parallel_loading", "enable_venv", "pythonExecutable",
     "env", "batchifier", "retry_threshold", "log_request_metric", "metrics_aggregation", "mpi_mode",
     "async_mode", "pipeline_parallel_degree", "input_formatter", "model_name", "requestId",
-    "recommended_entry_point", "max_dynamic_batch_size", "chunked_read_timeout",
+    "recommended_entry_point", "max_dynamic_batch_size", "chunked_read_timeout", "metric_dimension",
 })
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({

@@ -19,6 +19,7 @@ from typing import Iterator, Sequence
 from .backends.base import Backend
 from .errors import status_of
 from .events import Event
+from .gauges import adapter_names
 from .scheduler import Scheduler
 from .sequence import SequenceState
 
@@ -60,14 +61,21 @@ class Engine:
         self.running, self.waiting = [], deque()
         self.backend.reset()
 
-    def stats(self) -> dict[str, int | float]:
-        """Counters for the server's log and metrics: sequences, KV blocks, prefix hits, preemptions, and the
-        draft acceptance rate when the backend speculates."""
-        out: dict[str, int | float] = {"running": len(self.running), "waiting": len(self.waiting),
-                                       "preemptions": self.scheduler.preemptions}
+    def stats(self) -> dict[str, int | float | str]:
+        """Counters for the server's log and metrics: sequences, KV blocks and their use (``gauges.py``: what
+        gateways read), prefix hits, preemptions, the adapters running and waiting where LoRA is on, and the draft
+        acceptance rate when the backend speculates. Plain numbers and strings, read from this engine alone."""
+        out: dict[str, int | float | str] = {"running": len(self.running), "waiting": len(self.waiting),
+                                             "preemptions": self.scheduler.preemptions}
         kv = getattr(self.backend, "kv", None)
         if kv is not None:
             out.update(kv.stats())
+            out["kv_cache_usage"] = round(kv.used / kv.num_blocks, 4)
+        else:  # a slot per sequence, each sized for a whole sequence
+            out["kv_cache_usage"] = round(len(self.running) / max(self.backend.max_batch_size, 1), 4)
+        if self.scheduler.max_adapters is not None:
+            out.update(max_lora=self.scheduler.max_adapters, running_lora_adapters=adapter_names(self.running),
+                       waiting_lora_adapters=adapter_names(self.waiting))
         speculation = getattr(self.backend, "speculation_stats", None)
         if speculation is not None:
             out.update(speculation())

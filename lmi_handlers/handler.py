@@ -22,6 +22,7 @@ from .config import HandlerConfig, check_unknown_keys
 from .structured.tools import ToolOptions
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
+from .gauges import DjlMetrics
 from .errors import HandlerError, InvalidRequest, status_of
 from .job import Job, prepare_job
 from .rolling import RollingBatch
@@ -60,8 +61,9 @@ class Handler:
         else:
             self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
                                  by_priority=self.by_priority)
-            self.engine.scheduler.max_adapters = options.max_loras
-        self.rolling = RollingBatch(self.engine, self._prepare) if config.rolling else None
+            self.engine.scheduler.max_adapters = options.max_loras if options.enabled else None
+        djl_metrics = DjlMetrics(str(config.properties.get("metric_dimension") or "model"))
+        self.rolling = RollingBatch(self.engine, self._prepare, djl_metrics=djl_metrics) if config.rolling else None
         self.initialized = True
 
     def handle(self, inputs: Any) -> Any:

@@ -33,7 +33,7 @@ class Engine:
 
 def loop_over(engine, seeds_stop_engine=False):
     backend = SimpleNamespace(llm=engine, tokenizer=SimpleNamespace(eos_ids=(2,)), vocab_size=100,
-                              seeds_stop_engine=seeds_stop_engine)
+                              seeds_stop_engine=seeds_stop_engine, vllm_stats={})
     loop = VllmLoop(backend)
     loop.exits = 0
 

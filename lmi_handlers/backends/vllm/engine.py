@@ -35,6 +35,7 @@ from ...structured.vllm import check_tool_parser, structured_outputs_params, too
 from ..hf.tokenizer import HFTokenizer
 from .options import KEYS, Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, vllm_request
+from .stats import stat_logger
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
@@ -87,7 +88,9 @@ class VllmBackend:
             vllm_config = EngineArgs(**kwargs).create_engine_config()
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
-        self.llm = LLMEngine.from_vllm_config(vllm_config, disable_log_stats=True)
+        #: vLLM's latest scheduler statistics (``stats.py``), what this backend's ``stats()`` reports.
+        self.vllm_stats: dict[str, Any] = {}
+        self.llm = LLMEngine.from_vllm_config(vllm_config, stat_loggers=[stat_logger(self.vllm_stats)])
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -183,8 +186,18 @@ class VllmLoop:
             seq.finished = True
         self.seqs, self.refused = {}, {}
 
-    def stats(self) -> dict[str, int | float]:
-        return {"running": len(self.seqs), "waiting": 0}
+    def stats(self) -> dict[str, int | float | str]:
+        """vLLM's own numbers (``stats.py``); an engine with no request runs nothing and holds no block, whatever its
+        last step said."""
+        out = {key: value for key, value in self.backend.vllm_stats.items() if value is not None}
+        if "max_lora" not in out:
+            for key in ("running_lora_adapters", "waiting_lora_adapters"):
+                out.pop(key, None)
+        out.setdefault("running", len(self.seqs))
+        out.setdefault("waiting", 0)
+        if not self.seqs:
+            out.update(running=0, waiting=0, kv_cache_usage=0.0)
+        return out
 
     def step(self) -> dict[int, list[Event]]:
         """What vLLM generated since the last step, as events by sequence uid."""

@@ -15,6 +15,7 @@ contract tests both use them, so what passes locally is what the container sends
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
@@ -138,14 +139,16 @@ class RollingBatchLoop:
     New requests are appended; finished ones leave in place, so the handler's own list stays in step.
     A step whose answer is not 200 with exactly one item per request fails every active request and
     the next step carries ``reset_rollingbatch``. ``engine_stats`` keeps the engine's counters of the
-    latest answer that had them (our handler's ``lmi_engine_stats``; other handlers send none).
+    latest answer that had them (our handler's ``lmi_engine_stats``; other handlers send none), numbers and the
+    adapter lists (strings), and ``engine_stats_at`` when (``time.time()``) they came.
     """
 
     def __init__(self, max_size: int = 32):
         self.max_size = max_size
         self.active: list[RollingRequest] = []
         self.reset_next = False
-        self.engine_stats: dict[str, float] = {}
+        self.engine_stats: dict[str, float | str] = {}
+        self.engine_stats_at = 0.0
 
     @property
     def room(self) -> int:
@@ -205,7 +208,8 @@ class RollingBatchLoop:
         except ValueError:
             return  # counters are a nicety: a garbled property never fails the step
         if isinstance(stats, dict):
-            self.engine_stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+            self.engine_stats = {k: v for k, v in stats.items() if isinstance(v, (int, float, str))}
+            self.engine_stats_at = time.time()
 
     def fail_all(self, code: int, error: str) -> list[StepItem]:
         """Every active request ends with this error; the next step resets the handler."""

@@ -1,0 +1,143 @@
+"""What fleets read of ``lmi serve`` and how it stops (issue 47), with real processes, sockets and streams.
+
+vLLM's gauges on ``/metrics`` while streams run; the drain on SIGTERM: ``/ping`` and new requests answer 503 at once,
+every accepted stream ends with its whole text, the server exits 0; a stream still running at ``--drain-timeout``
+ends with an error event in its protocol's framing; a second signal stops at once. The scripted backend's step
+delay stands in for a model."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import time
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def gateway(url: str) -> dict[str, float]:
+    text = httpx.get(url + "/metrics", timeout=10).text
+    return {sample.name: sample.value for family in text_string_to_metric_families(text)
+            for sample in family.samples if sample.name.startswith("vllm:")
+            and sample.labels.get("model_name") == "scripted"}
+
+
+def lmi_stream(tokens: int) -> dict:
+    return {"inputs": "hello", "stream": True, "parameters": {"max_new_tokens": tokens}}
+
+
+async def read_stream(client: httpx.AsyncClient, url: str, body: dict, first: asyncio.Event | None = None,
+                      path: str = "/invocations") -> tuple[int, list[str]]:
+    """(status, the answer's lines) of a streamed request; ``first`` is set once its first line has arrived."""
+    lines = []
+    async with client.stream("POST", url + path, json=body) as response:
+        async for line in response.aiter_lines():
+            if line.strip():
+                lines.append(line)
+                if first is not None:
+                    first.set()
+    return response.status_code, lines
+
+
+def text_of(lines: list[str]) -> str:
+    return json.loads(lines[-1])["generated_text"]
+
+
+def test_vllms_gauges_follow_the_running_and_waiting_requests(serve):
+    server = serve([serve.scripted(**{"option.rolling_batch": "auto", "max_rolling_batch_size": "3",
+                                      "option.scripted_step_delay_ms": "100"})])
+
+    async def main() -> dict[str, float]:
+        async with httpx.AsyncClient(timeout=60) as client:
+            firsts = [asyncio.Event() for _ in range(5)]
+            streams = [asyncio.create_task(read_stream(client, server.url, lmi_stream(30), first)) for first in firsts]
+            await firsts[0].wait()
+            await asyncio.sleep(0.5)
+            during = await asyncio.to_thread(gateway, server.url)
+            await asyncio.gather(*streams)
+            return during
+
+    during = asyncio.run(main())
+    # Three rows: three run, two wait in the job queue; the scripted backend's slots are all in use.
+    assert during["vllm:num_requests_running"] == 3 and during["vllm:num_requests_waiting"] == 2, during
+    assert during["vllm:kv_cache_usage_perc"] == 1.0
+    after = gateway(server.url)
+    assert after["vllm:num_requests_running"] == 0 and after["vllm:num_requests_waiting"] == 0
+    assert after["vllm:kv_cache_usage_perc"] == 0
+
+
+def test_sigterm_drains_every_accepted_stream_then_exits_0(serve):
+    streams, tokens = 8, 24
+    server = serve([serve.scripted(**{"option.rolling_batch": "auto", "option.scripted_step_delay_ms": "40"})])
+    whole = httpx.post(server.url + "/invocations", json=lmi_stream(tokens), timeout=60).text.strip().splitlines()
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            firsts = [asyncio.Event() for _ in range(streams)]
+            tasks = [asyncio.create_task(read_stream(client, server.url, lmi_stream(tokens), first))
+                     for first in firsts]
+            await asyncio.gather(*(first.wait() for first in firsts))
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            ping = await client.get(server.url + "/ping")
+            refused = await client.post(server.url + "/invocations", json=lmi_stream(2))
+            return await asyncio.gather(*tasks), ping, refused
+
+    results, ping, refused = asyncio.run(main())
+    assert ping.status_code == 503
+    assert refused.status_code == 503 and refused.headers["retry-after"] == "1" and "shutting down" in refused.text
+    assert [code for code, _ in results] == [200] * streams
+    assert all(text_of(lines) == text_of(whole) for _, lines in results)
+    assert server.process.wait(timeout=30) == 0
+    assert "drained" in server.logs()
+
+
+def test_a_stream_cut_by_the_drain_timeout_ends_with_an_error_event(serve):
+    server = serve([serve.scripted(**{"option.rolling_batch": "auto", "option.scripted_step_delay_ms": "50"})],
+                   args=["--drain-timeout", "1"])
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 400, "stream": True}
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            firsts = [asyncio.Event(), asyncio.Event()]
+            lmi = asyncio.create_task(read_stream(client, server.url, lmi_stream(400), firsts[0]))
+            openai = asyncio.create_task(read_stream(client, server.url, chat, firsts[1], "/v1/chat/completions"))
+            await asyncio.gather(*(first.wait() for first in firsts))
+            server.process.send_signal(signal.SIGTERM)
+            return await lmi, await openai
+
+    (_, lmi_lines), (_, sse_lines) = asyncio.run(main())
+    last = json.loads(lmi_lines[-1])  # jsonlines: the last line is the error
+    assert last["code"] == 503 and "drain timeout of 1 s" in last["error"]
+    error = json.loads(next(line for line in sse_lines if "\"error\"" in line).partition("data:")[2])
+    assert "drain timeout" in error["error"]["message"]
+    assert server.process.wait(timeout=30) == 0
+
+
+def test_a_second_signal_stops_at_once(serve):
+    server = serve([serve.scripted(**{"option.rolling_batch": "auto", "option.scripted_step_delay_ms": "50"})])
+    worker = httpx.get(server.management_url + "/models/scripted", timeout=10).json()[0]["workerGroups"][0]
+    pid = worker["workers"][0]["id"]
+
+    async def main():
+        async with httpx.AsyncClient(timeout=60) as client:
+            first = asyncio.Event()
+            stream = asyncio.create_task(read_stream(client, server.url, lmi_stream(1000), first))
+            await first.wait()
+            server.process.send_signal(signal.SIGTERM)
+            await asyncio.sleep(0.3)
+            began = time.monotonic()
+            server.process.send_signal(signal.SIGINT)
+            code = await asyncio.to_thread(server.process.wait, 20)
+            await asyncio.gather(stream, return_exceptions=True)
+            return code, time.monotonic() - began
+
+    code, took = asyncio.run(main())
+    assert took < 5, took  # the 1000-token stream would take 50 s
+    with pytest.raises(ProcessLookupError):
+        import os
+        os.kill(pid, 0)
