@@ -113,6 +113,8 @@ class Engine:
             if seq.finished:
                 self.backend.release(seq)
         self.running = [seq for seq in self.running if not seq.finished]
+        if kv is not None and kv.events is not None:
+            kv.events.flush()  # this step's KV events, as one batch
         if time.monotonic() - self._logged >= STATS_EVERY:
             self._logged = time.monotonic()
             logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))

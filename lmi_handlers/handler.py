@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
+from . import kv_events
 from .backends import BACKENDS, load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
@@ -47,6 +48,7 @@ class Handler:
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
+        events = kv_events.KVEventsOptions.from_properties(config.properties)  # refused before the weights load
         backend = self.backend_loader(config)
         check_unknown_keys(config.properties, backend.option_keys)
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
@@ -59,6 +61,7 @@ class Handler:
         if step_loop is not None:
             self.engine = step_loop(backend)
         else:
+            kv_events.attach(backend, events, config.properties)  # vLLM publishes its own (its kv_events_config)
             self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
                                  by_priority=self.by_priority)
             self.engine.scheduler.max_adapters = options.max_loras if options.enabled else None
