@@ -141,3 +141,44 @@ def test_a_second_signal_stops_at_once(serve):
     with pytest.raises(ProcessLookupError):
         import os
         os.kill(pid, 0)
+
+
+def test_spans_reach_an_otlp_http_receiver_under_the_clients_trace(serve):
+    import http.server
+    import threading
+
+    trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
+    received = []
+
+    class Receiver(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            request = trace_service.ExportTraceServiceRequest.FromString(body)
+            received.extend((self.path, span) for resource in request.resource_spans
+                            for scope in resource.scope_spans for span in scope.spans)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    receiver = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Receiver)
+    threading.Thread(target=receiver.serve_forever, daemon=True).start()
+    endpoint = f"http://127.0.0.1:{receiver.server_address[1]}/v1/traces"
+    server = serve([serve.scripted(**{"option.rolling_batch": "auto", "option.otlp_traces_endpoint": endpoint})],
+                   env={"OTEL_BSP_SCHEDULE_DELAY": "100"})
+    trace_id = "0af7651916cd43dd8448eb211c80319c"
+    answer = httpx.post(server.url + "/invocations", json={"inputs": "hello", "parameters": {"max_new_tokens": 3}},
+                        headers={"traceparent": f"00-{trace_id}-b7ad6b7169203331-01"}, timeout=30)
+    assert answer.status_code == 200
+    deadline = time.monotonic() + 20
+    while len(received) < 4 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    receiver.shutdown()
+    spans = {span.name: span for _, span in received}
+    assert set(spans) == {"llm_request", "queued", "prefill", "decode"} and {path for path, _ in received} == {
+        "/v1/traces"}
+    assert spans["llm_request"].trace_id.hex() == trace_id
+    assert spans["llm_request"].parent_span_id.hex() == "b7ad6b7169203331"
+    assert spans["decode"].parent_span_id == spans["llm_request"].span_id

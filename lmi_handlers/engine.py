@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .backends.base import Backend
 from .errors import status_of
 from .events import Event
 from .gauges import adapter_names
 from .scheduler import Scheduler
-from .sequence import SequenceState
+from .sequence import Chunk, SequenceState
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
@@ -35,12 +35,16 @@ class Engine:
         self._logged = time.monotonic()
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
+        #: OpenTelemetry spans per sequence (``tracing.Tracer``), when tracing is on.
+        self.tracer: Any = None
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
     def add(self, seq: SequenceState) -> None:
+        if self.tracer is not None:
+            self.tracer.begin(seq)
         self.scheduler.enqueue(self.waiting, seq)
 
     def cancel(self, seq: SequenceState) -> None:
@@ -51,6 +55,7 @@ class Engine:
             self.running.remove(seq)
             self.backend.release(seq)
         seq.finished = True
+        self._traced_end(seq, "cancelled: the client went away")
 
     def reset(self) -> None:
         for seq in self.running:
@@ -58,6 +63,8 @@ class Engine:
             seq.finished = True
         for seq in self.waiting:
             seq.finished = True
+        for seq in (*self.running, *self.waiting):
+            self._traced_end(seq, "the engine was reset")
         self.running, self.waiting = [], deque()
         self.backend.reset()
 
@@ -86,6 +93,8 @@ class Engine:
         chunks = self.scheduler.schedule(self.waiting, self.running)
         if not chunks:
             return {}
+        if self.tracer is not None:
+            self._traced(chunks, admitted=True)
         try:
             chosen = self.backend.step(chunks)
         except Exception as exc:  # noqa: BLE001 - every backend failure is reported per sequence
@@ -95,6 +104,7 @@ class Engine:
             events: dict[int, list[Event]] = {seq.uid: [seq.fail(code, message)] for seq in active}
             for seq in active:
                 self.backend.release(seq)
+                self._traced_end(seq, message)
             self.running = []
             self.backend.reset()
             return events
@@ -113,12 +123,30 @@ class Engine:
             if seq.finished:
                 self.backend.release(seq)
         self.running = [seq for seq in self.running if not seq.finished]
+        if self.tracer is not None:
+            self._traced(chunks)
         if kv is not None and kv.events is not None:
             kv.events.flush()  # this step's KV events, as one batch
         if time.monotonic() - self._logged >= STATS_EVERY:
             self._logged = time.monotonic()
             logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))
         return events
+
+    def _traced(self, chunks: list[Chunk], admitted: bool = False) -> None:
+        """Span times: a sequence's first chunk is its admission; after the step, its first token and its end."""
+        now = time.time_ns()
+        for chunk in chunks:
+            times = chunk.seq.trace
+            if times is None:
+                continue
+            if admitted:
+                times.admitted = times.admitted or now
+            else:
+                self.tracer.progress(chunk.seq, now)
+
+    def _traced_end(self, seq: SequenceState, error: str) -> None:
+        if self.tracer is not None:
+            self.tracer.end(seq, error)
 
     @staticmethod
     def _append(seq: SequenceState, picks: tuple | list[tuple]) -> tuple[int, list[Event]]:

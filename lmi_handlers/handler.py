@@ -12,11 +12,12 @@ This is the only place where errors become responses.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
-from . import kv_events
+from . import kv_events, tracing
 from .backends import BACKENDS, load_backend
 from .backends.base import Backend
 from .config import HandlerConfig, check_unknown_keys
@@ -45,6 +46,8 @@ class Handler:
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
         #: ``option.scheduling_policy=priority``: requests may set ``priority`` (``scheduler.py``).
         self.by_priority = False
+        #: Requests carry their trace context to the engine (``tracing.py``).
+        self.traced = False
 
     def initialize(self, properties: dict[str, Any]) -> None:
         config = HandlerConfig.from_properties(properties)
@@ -54,6 +57,7 @@ class Handler:
         ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
         options = lora.LoraOptions.from_properties(config.properties)
         self.by_priority = priority_scheduling(config.properties)
+        self.traced = tracing.enabled(config.properties)
         self.config, self.backend = config, backend
         self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
         # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
@@ -65,6 +69,9 @@ class Handler:
             self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
                                  by_priority=self.by_priority)
             self.engine.scheduler.max_adapters = options.max_loras if options.enabled else None
+            if self.traced:  # vLLM traces its own requests (its otlp_traces_endpoint)
+                model = os.path.basename(config.model_id.rstrip("/"))
+                self.engine.tracer = tracing.Tracer.from_config(model, config.properties)
         djl_metrics = DjlMetrics(str(config.properties.get("metric_dimension") or "model"))
         self.rolling = RollingBatch(self.engine, self._prepare, djl_metrics=djl_metrics) if config.rolling else None
         self.initialized = True
@@ -87,8 +94,13 @@ class Handler:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
         assert self.config is not None and self.backend is not None
         try:
-            return prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters, by_priority=self.by_priority)
+            job = prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
+                              adapters=self.adapters, by_priority=self.by_priority)
+            if self.traced:
+                headers = tracing.trace_headers(item)
+                for seq in job.seqs:
+                    seq.trace_headers = headers
+            return job
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             if not isinstance(exc, HandlerError):
                 logger.exception("preparing a request failed")

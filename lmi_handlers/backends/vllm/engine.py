@@ -155,7 +155,7 @@ class VllmLoop:
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
             self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request,
-                                 priority=seq.request.priority)
+                                 priority=seq.request.priority, trace_headers=seq.trace_headers)
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
             if _engine_dead(exc):
                 self.refused.update(self._stop(exc))
