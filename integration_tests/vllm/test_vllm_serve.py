@@ -24,7 +24,9 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 @pytest.fixture(scope="module")
 def server(serve_module, smollm2_dir, vllm_properties):
     model = serve_module.model_dir("smollm2", {**vllm_properties, "option.model_id": str(smollm2_dir),
-                                               "option.rolling_batch": "vllm", "option.max_new_tokens": 32})
+                                               "option.rolling_batch": "vllm", "option.max_new_tokens": 32,
+                                               # vLLM's priority scheduling (issue 47); every other request has 0
+                                               "option.scheduling_policy": "priority"})
     return serve_module([model], ready=False).wait_ready(timeout=900)
 
 
@@ -137,3 +139,19 @@ def test_every_route_answers(server, reference):
     assert chat.choices[0].message.content == "The capital of France is Paris."
     completion = oai.completions.create(model="smollm2", prompt=PROMPTS[0], temperature=0, max_tokens=MAX_TOKENS)
     assert completion.choices[0].text == expected
+
+
+def test_vllms_own_statistics_reach_metrics_and_a_priority_reaches_its_scheduler(server, reference):
+    """vLLM's scheduler gauges and prefix cache counters, from vLLM's own stat logger (issue 47)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = generate(server, PROMPTS[0], priority=-3)
+    assert answer["generated_text"] == reference[PROMPTS[0]]["text"]
+    text = httpx.get(server.url + "/metrics", timeout=10).text
+    samples = {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
+               if sample.name.startswith("vllm:")}
+    assert samples["vllm:num_requests_running"].labels == {"model_name": "smollm2", "engine": "0"}
+    assert samples["vllm:num_requests_running"].value == 0 and samples["vllm:num_requests_waiting"].value == 0
+    assert samples["vllm:kv_cache_usage_perc"].value == 0  # idle: vLLM holds no block for a request
+    assert samples["vllm:prefix_cache_queries_total"].value >= len(reference[PROMPTS[0]]["token_ids"])
+    assert "vllm:lora_requests_info" not in samples  # no LoRA: vLLM has no such series either
