@@ -23,8 +23,13 @@ from lmi_handlers.kv_events import KVEventsOptions, attach, block_hash, none_has
 from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from lmi_handlers.sequence import SequenceState
 
-zmq = pytest.importorskip("zmq")
-msgspec = pytest.importorskip("msgspec")
+
+
+def zmq_socket(kind: str):
+    """A socket of the ``kv-events`` extra's pyzmq (the tests skip without it)."""
+    zmq = pytest.importorskip("zmq")
+    pytest.importorskip("msgspec")
+    return zmq.Context.instance().socket(getattr(zmq, kind))
 
 
 def free_port() -> int:
@@ -64,9 +69,9 @@ def options(port: int, replay: int | None = None) -> KVEventsOptions:
 
 
 def subscriber(port: int):
-    sock = zmq.Context.instance().socket(zmq.SUB)
+    sock = zmq_socket("SUB")
     sock.connect(f"tcp://127.0.0.1:{port}")
-    sock.setsockopt(zmq.SUBSCRIBE, b"kv@")
+    sock.subscribe(b"kv@")
     time.sleep(0.3)  # PUB drops what it sends before the subscription arrives
     return sock
 
@@ -124,6 +129,7 @@ def check_random_workload(decode, hasher, seed: int = 3) -> tuple[int, int]:
 
 def test_a_subscriber_rebuilds_the_engines_cached_blocks_from_the_events_alone():
     root = none_hash()
+    msgspec = pytest.importorskip("msgspec")
     count, evictions = check_random_workload(lambda payload: _plain(msgspec.msgpack.decode(payload)),
                                              lambda parent, tokens: block_hash(parent, tokens, None, root))
     assert count > 20 and evictions > 0  # the pool had to evict: BlockRemoved events were part of it
@@ -138,6 +144,7 @@ def _plain(raw):
 
 
 def test_missed_batches_are_replayed_from_a_sequence_number():
+    client = zmq_socket("DEALER")
     port, replay = free_port(), free_port()
     backend = PagedBackend(blocks=8)
     events = attach(backend, options(port, replay), {"kv_events_config": "{}"})
@@ -147,7 +154,6 @@ def test_missed_batches_are_replayed_from_a_sequence_number():
         while not engine.idle:
             engine.step()
     time.sleep(0.3)
-    client = zmq.Context.instance().socket(zmq.DEALER)
     client.connect(f"tcp://127.0.0.1:{replay}")
     client.send_multipart([b"", (1).to_bytes(8, "big")])
     replies = []
@@ -174,6 +180,7 @@ def test_bad_options_name_the_option_and_the_field(config, message):
 
 
 def test_events_are_off_unless_enabled_and_need_a_prefix_cache():
+    zmq_socket("PUB").close()
     assert KVEventsOptions.from_properties({}) is None
     assert KVEventsOptions.from_properties({"kv_events_config": '{"endpoint": "tcp://*:1"}'}) is None
     on = options(free_port())
