@@ -8,13 +8,20 @@ delay stands in for a model."""
 from __future__ import annotations
 
 import asyncio
+import http.server
 import json
+import os
 import signal
+import subprocess
+import sys
+import threading
 import time
 
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from .conftest import ROOT
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -139,14 +146,10 @@ def test_a_second_signal_stops_at_once(serve):
     code, took = asyncio.run(main())
     assert took < 5, took  # the 1000-token stream would take 50 s
     with pytest.raises(ProcessLookupError):
-        import os
         os.kill(pid, 0)
 
 
 def test_spans_reach_an_otlp_http_receiver_under_the_clients_trace(serve):
-    import http.server
-    import threading
-
     trace_service = pytest.importorskip("opentelemetry.proto.collector.trace.v1.trace_service_pb2")
     received = []
 
@@ -182,3 +185,10 @@ def test_spans_reach_an_otlp_http_receiver_under_the_clients_trace(serve):
     assert spans["llm_request"].trace_id.hex() == trace_id
     assert spans["llm_request"].parent_span_id.hex() == "b7ad6b7169203331"
     assert spans["decode"].parent_span_id == spans["llm_request"].span_id
+
+
+def test_a_drain_timeout_must_be_positive(serve):
+    result = subprocess.run([sys.executable, "-m", "lmi_tools", "serve", str(serve.scripted()), "--drain-timeout",
+                             "0"], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 2 and "--drain-timeout 0 is invalid: expected a number > 0" in result.stderr

@@ -16,6 +16,8 @@ import socket
 import httpx
 import pytest
 
+from tests.handlers.test_kv_events import apply
+
 pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
 
 BLOCK = 16
@@ -73,14 +75,7 @@ class Router:
         for sub, blocks in zip(self.subs, self.blocks):
             while sub.poll(wait_ms):
                 _, _, payload = sub.recv_multipart()
-                for event in self.decoder.decode(payload).events:
-                    kind = type(event).__name__
-                    if kind == "BlockStored":
-                        blocks.update(event.block_hashes)
-                    elif kind == "BlockRemoved":
-                        blocks.difference_update(event.block_hashes)
-                    else:
-                        blocks.clear()
+                apply(blocks, self.decoder.decode(payload))
 
     def choose(self, ids: list[int]) -> int:
         chain, parent = [], None
