@@ -264,11 +264,11 @@ def attach(backend: Any, options: KVEventsOptions | None, props: Mapping[str, An
     if options is None:
         return None
     kv = getattr(backend, "kv", None)
-    if kv is None or kv.prefix is None:
-        raise ConfigError("kv_events_config", props["kv_events_config"],
-                          "KV events report the prefix cache's blocks: set option.enable_prefix_caching=true (on the "
-                          f"{backend.name} backend, with a paged KV cache)" if kv is not None else
-                          f"the {backend.name} backend has no block cache to report; KV events come from the hf "
-                          "backend (with option.enable_prefix_caching=true) and from vLLM")
+    if kv is None:
+        raise ConfigError("kv_events_config", props["kv_events_config"], f"the {backend.name} backend has no block "
+                          "cache to report; KV events come from the hf backend and from vLLM")
+    if kv.prefix is None:
+        raise ConfigError("kv_events_config", props["kv_events_config"], "KV events report the prefix cache's "
+                          "blocks: set option.enable_prefix_caching=true")
     kv.events = KVEvents(options, kv.block_size)
     return kv.events
