@@ -57,3 +57,48 @@ def make_lora():
         return str(out)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def thinking_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model as a reasoning model: ``<think>`` and ``</think>`` added to its vocabulary, a chat template
+    that opens the reasoning in the prompt (as DeepSeek-R1's does), and weights set so that ``</think>`` is by far
+    the likeliest next token whatever came before (greedy: it ends the reasoning at once; sampled: after a few
+    random tokens), so that answers reach the part after the reasoning within a few tokens."""
+    torch = pytest.importorskip("torch")
+    from tokenizers import AddedToken
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lmi_tools.models.tiny import CHAT_TEMPLATE, build_tiny_model
+
+    out = build_tiny_model(tmp_path_factory.mktemp("thinking-model"))
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    tokenizer.add_tokens([AddedToken(tag, special=False, normalized=False) for tag in ("<think>", "</think>")])
+    tokenizer.chat_template = CHAT_TEMPLATE.replace("<|assistant|>{% endif %}", "<|assistant|><think>\n{% endif %}")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    model.resize_token_embeddings(len(tokenizer))
+    end = tokenizer.convert_tokens_to_ids("</think>")
+    with torch.no_grad():
+        # A large constant in one hidden dimension survives every layer and the final norm (about sqrt(hidden) after
+        # it); only </think>'s output row reads that dimension, so its logit is about 6 above every other's.
+        model.get_input_embeddings().weight[:, 0] = 100.0
+        head = model.get_output_embeddings().weight
+        head[:, 0] = 0.0
+        head[end, 0] = 6.0 / model.config.hidden_size ** 0.5
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> Path:
+    """all-MiniLM-L6-v2 as a model directory: written by ``lmi model minilm`` into lmi's cache on first use."""
+    from lmi_tools.errors import ToolError
+    from lmi_tools.models import minilm
+
+    try:
+        return minilm.write_minilm(minilm.default_dir(), say=lambda line: None)
+    except ToolError as exc:
+        if (minilm.default_dir() / "model.safetensors").is_file():
+            return minilm.default_dir()
+        pytest.fail(f"{exc} ({exc.hint})")

@@ -352,10 +352,10 @@ SMOLLM2_LAYER = ((576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1
 
 def widths(args: argparse.Namespace) -> None:
     """One SmolLM2 decoder layer's linear products at each row count through torch's product, oneDNN's prepacked one
-    and the compiled kernel, each called directly (past ``kernels.WIDE_ROWS`` the backend sends both prepacked
+    and the compiled kernel, each called directly (past ``common.WIDE_ROWS`` the backend sends both prepacked
     kernels' rows to torch's product: this shows where that pays)."""
     from lmi_handlers.backends.hf.cpu import compiled_linear, onednn_linear
-    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+    from lmi_handlers.backends.hf.cpu.common import WIDE_ROWS
 
     compiled_linear.WIDE_ROWS = onednn_linear.WIDE_ROWS = 1 << 30  # the kernels themselves at every width
     kernel = compiled_linear.build_kernel(torch)

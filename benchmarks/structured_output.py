@@ -24,8 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from lmi_handlers.backends import load_backend  # noqa: E402
-from lmi_handlers.config import HandlerConfig  # noqa: E402
+from lmi_handlers.deployment import resolve  # noqa: E402
 from lmi_handlers.engine import Engine  # noqa: E402
 from lmi_handlers.request import parse_payload  # noqa: E402
 from lmi_handlers.sequence import SequenceState  # noqa: E402
@@ -69,9 +68,8 @@ def main() -> None:
         args.model = str(smollm2.convert_smollm2(smollm2.default_dir(), say=print)
                          if not (smollm2.default_dir() / "config.json").exists() else smollm2.default_dir())
     levels = [int(c) for c in args.concurrency.split(",")]
-    config = HandlerConfig.from_properties({"model_id": args.model, "rolling_batch": "scheduler",
-                                            "max_rolling_batch_size": max(levels)})
-    engine = Engine(load_backend(config))
+    engine = Engine(resolve({"model_id": args.model, "rolling_batch": "scheduler",
+                             "max_rolling_batch_size": max(levels)}).load())
     tokens_per_second(engine, 1, 4, constrained=True)  # the tokenizer's one-time conversion for the grammar
     print(f"load average at start: {os.getloadavg()[0]:.2f}; {args.tokens} tokens per sequence, "
           f"{args.rounds} rounds, {args.threads} torch thread(s)")

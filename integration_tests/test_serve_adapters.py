@@ -60,6 +60,25 @@ def test_management_registers_describes_updates_and_checks_the_source(server, sm
     assert missing.status_code == 404 and "a1, a2" in missing.json()["message"]
 
 
+def test_malformed_adapter_files_and_a_nul_byte_are_400s_naming_the_adapter_and_the_file(server):
+    url = f"{server.management_url}/models/smollm2/adapters"
+    for i, (files, message) in enumerate([
+            ({"adapter_config.json": b"[]"}, "adapter_config.json is a JSON list; expected an object"),
+            ({"adapter_config.json": b'{"r": 8'}, "adapter_config.json is not valid JSON"),
+            ({"adapter_model.safetensors": b"\x00garbage\x00" * 4},
+             "adapter_model.safetensors is not a safetensors file")]):
+        bad = server.extra / f"bad{i}"
+        bad.mkdir()
+        for name in ("adapter_config.json", "adapter_model.safetensors"):
+            (bad / name).write_bytes(files.get(name) or (server.extra / "a2" / name).read_bytes())
+        answer = httpx.post(url, params={"name": "bad", "src": str(bad)}, timeout=120)
+        assert answer.status_code == 400 and answer.json()["message"].startswith(f"adapter bad ({bad}): {message}")
+    nul = httpx.post(url, params={"name": "nul", "src": f"{server.extra}/a2\x00x"}, timeout=120)
+    assert nul.status_code == 400 and "adapter nul: " in nul.json()["message"] and "NUL byte" in nul.json()["message"]
+    assert "bad" not in [a["name"] for a in httpx.get(url).json()["adapters"]] and text(httpx.post(
+        f"{server.url}/invocations", json={**LMI, "adapters": "a1"}, timeout=120))  # the model serves on
+
+
 def test_every_request_form_reaches_the_adapter(server):
     base = text(httpx.post(f"{server.url}/invocations", json=LMI, timeout=120))
     body = text(httpx.post(f"{server.url}/invocations", json={**LMI, "adapters": "a1"}, timeout=120))

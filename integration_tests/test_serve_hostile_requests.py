@@ -68,12 +68,40 @@ def test_completions_check_stream_options_as_chat_does(oai):
 
 @pytest.mark.parametrize("kwargs,field", [({"max_tokens": -1}, "max_tokens: expected an integer >= 1, got -1"),
                                           ({"echo": "yes"}, "echo: expected true or false, got 'yes'"),
-                                          ({"temperature": -1}, "temperature: expected a number >= 0, got -1"),
+                                          ({"temperature": -1}, "temperature: expected a number in [0, 2], got -1"),
                                           ({"logprobs": 21}, "logprobs: expected an integer >= 0 and <= 20")])
 def test_completion_errors_name_the_field_the_client_sent(oai, kwargs, field):
     with pytest.raises(openai.BadRequestError) as caught:
         oai.completions.create(model="fox", prompt="hi", **kwargs)
     assert field in caught.value.message and "parameters." not in caught.value.message
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"prompt": ""}, "prompt: expected a non-empty string with text in it"),
+    ({"prompt": ["ok", " "]}, "prompt[1]: expected a non-empty string with text in it"),
+    ({"prompt": "hi", "max_tokens": 5000}, "max_tokens: the prompt is"),  # past the model's 4096 tokens
+    ({"prompt": "hi", "stream_options": {"include_usage": True}}, 'stream_options: allowed only with "stream": true'),
+    ({"prompt": "hi", "temperature": 3}, "temperature: expected a number in [0, 2], got 3"),
+])
+def test_completions_errors_found_by_the_handler_name_the_completions_field(oai, kwargs, message):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.completions.create(model="fox", **kwargs)
+    said = caught.value.body["message"]  # the error's own text, without the client's "Error code: 400 - "
+    assert said.startswith(message) and "inputs" not in said and "parameters." not in said
+    assert oai.completions.create(model="fox", prompt="hi", max_tokens=4, temperature=2).choices[0].text
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "21C"}]},
+     "messages[1].tool_call_id: a tool message needs the id of the call it answers"),
+    ({"max_completion_tokens": 5000}, "max_completion_tokens: the prompt is"),
+    ({"stream_options": {"include_usage": True}}, 'stream_options: allowed only with "stream": true'),
+    ({"temperature": 3}, "temperature: expected a number in [0, 2], got 3"),
+])
+def test_chat_errors_name_the_field_as_openai_does(oai, kwargs, message):
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(**{"model": "fox", "messages": [{"role": "user", "content": "hi"}], **kwargs})
+    assert caught.value.body["message"].startswith(message)
 
 
 def test_chat_top_logprobs_error_says_what_is_supported(oai):

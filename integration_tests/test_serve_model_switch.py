@@ -62,6 +62,13 @@ def test_an_unloaded_model_is_a_503_on_every_route_never_another_models_answer(s
     assert invoke.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
     assert_names_the_unloaded_model(invoke.value.response["Error"]["Message"], "tiny")
 
+    with pytest.raises(openai.InternalServerError) as retrieve:
+        oai.models.retrieve("tiny")
+    assert retrieve.value.status_code == 503
+    assert_names_the_unloaded_model(retrieve.value.message, "tiny")
+    with pytest.raises(openai.NotFoundError):  # a name the server does not know at all
+        oai.models.retrieve("nowhere")
+
     predictions = httpx.post(server.url + "/predictions/tiny", json={"inputs": "hi"})
     assert predictions.status_code == 503
     assert_names_the_unloaded_model(predictions.json()["message"], "tiny")

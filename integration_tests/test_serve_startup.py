@@ -1,5 +1,6 @@
 """``lmi serve`` for a newcomer: a port in use fails before any model loads; a model directory without its model
-files names the missing config.json (not a transformers hint about sentencepiece); /docs works offline."""
+files names the missing config.json (not a transformers hint about sentencepiece); /docs works offline; a worker's
+temp folder does not outlive it."""
 
 from __future__ import annotations
 
@@ -73,3 +74,15 @@ def test_one_port_for_both_apis_on_two_addresses_is_refused_and_leaves_no_worker
     assert f"--management-port {port} is --port's on another address" in result.stderr
     assert "--management-host 0.0.0.0" in result.stderr
     assert workers_of(model) == []
+
+
+def test_a_workers_temp_folder_goes_when_its_model_is_unloaded_or_the_server_stops(serve, tmp_path):
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    server = serve([serve.scripted("one"), serve.scripted("two")], env={"TMPDIR": str(temp)})
+    assert len(list(temp.glob("lmi-worker-*"))) == 2  # one a worker: its unix socket's folder
+    assert httpx.delete(f"{server.management_url}/models/two", timeout=30).status_code == 200
+    assert len(list(temp.glob("lmi-worker-*"))) == 1
+    server.stop()  # SIGTERM: the server stops its workers, whose folders go with them
+    assert list(temp.iterdir()) == [], server.logs()
+

@@ -14,7 +14,8 @@ import openai
 import pytest
 from huggingface_hub import InferenceClient
 
-from .chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+from .chat_requests import (ASK, BAD_CONSTRAINTS, TIME, WEATHER,
+                            ask_a_pydantic_tool_with_every_tool_choice)
 
 pytestmark = pytest.mark.quality
 
@@ -193,6 +194,10 @@ def test_auto_and_none_and_a_tool_result_turn(oai):
     after = oai.chat.completions.create(model="smollm2", messages=turns, tools=[WEATHER], tool_choice="none",
                                         max_tokens=24, temperature=0).choices[0]
     assert after.message.content
+
+
+def test_a_pydantic_tool_with_nested_models_works_with_every_tool_choice(oai):
+    ask_a_pydantic_tool_with_every_tool_choice(oai, BUDGET)
 
 
 def test_constrained_and_free_rows_share_steps(oai):

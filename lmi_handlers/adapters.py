@@ -21,8 +21,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .config import ConfigError, parse_bool, parse_int
-from .errors import AdapterNotFound, InvalidRequest, invalid_field
+from .errors import AdapterNotFound, ConfigError, InvalidRequest, invalid_field
+from .safetensors_header import read_header
+from .values import parse_bool, parse_int
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,13 @@ logger = logging.getLogger(__name__)
 SAGEMAKER_HEADER = "X-Amzn-SageMaker-Adapter-Identifier"
 #: The folder beside serving.properties whose sub-folders are registered at start.
 FOLDER = "adapters"
+#: The options ``LoraOptions`` reads.
+KEYS = frozenset({"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"})
+#: An adapter folder's files, as peft's ``save_pretrained`` writes them (safetensors, else torch.save's format).
+CONFIG = "adapter_config.json"
+WEIGHTS = ("adapter_model.safetensors", "adapter_model.bin")
+#: The first bytes of torch.save's files: a zip archive, or a pickle (before torch 1.6).
+TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
 _uids = itertools.count(1)
 
 
@@ -56,6 +64,23 @@ class LoraOptions:
 
 
 @dataclass(frozen=True)
+class AdapterRule:
+    """How a backend serves LoRA adapters (its package's ``ADAPTERS``; a backend without one serves none): what it
+    refuses at load, and what ``lmi validate`` checks each adapter against."""
+
+    #: The largest ``option.max_lora_rank`` it serves; None: any.
+    max_rank: int | None = None
+    #: Module names an adapter may not adapt.
+    refused_modules: tuple[str, ...] = ()
+
+    def check(self, options: LoraOptions, backend: str) -> None:
+        """``ConfigError`` for LoRA options the backend cannot serve."""
+        if options.enabled and self.max_rank is not None and options.max_lora_rank > self.max_rank:
+            raise ConfigError("max_lora_rank", options.max_lora_rank, f"the {backend} backend serves ranks up to "
+                              f"{self.max_rank}")
+
+
+@dataclass(frozen=True)
 class AdapterSpec:
     """A LoRA adapter's configuration as its ``adapter_config.json`` states it."""
 
@@ -67,6 +92,8 @@ class AdapterSpec:
     targets: tuple[str, ...]
     base_model: str = ""
     use_rslora: bool = False
+    #: ``target_modules`` when the config gives one string: peft matches it against whole module names (a regex).
+    pattern: str | None = None
 
     @property
     def scaling(self) -> float:
@@ -74,17 +101,14 @@ class AdapterSpec:
 
 
 def read_adapter(name: str, src: str, options: LoraOptions) -> AdapterSpec:
-    """``src``'s configuration, checked against what this runtime applies and ``options``; an ``InvalidRequest``
-    naming the adapter otherwise."""
-    path = os.path.join(src, "adapter_config.json")
+    """``src``'s configuration and weights file, checked against what this runtime applies and ``options``; an
+    ``InvalidRequest`` naming the adapter and the file otherwise."""
+    if "\x00" in src:
+        raise invalid_field("src", src, f"adapter {name}: a path may not hold a NUL byte")
     if not os.path.isdir(src):
         raise invalid_field("src", src, f"adapter {name}: not a local directory (a peft adapter folder)")
-    try:
-        with open(path, encoding="utf-8") as file:
-            config = json.load(file)
-    except (OSError, ValueError) as exc:
-        raise invalid_field("src", src, f"adapter {name}: no readable adapter_config.json ({exc})") from None
     refuse = lambda why: InvalidRequest(f"adapter {name} ({src}): {why}", field="src", value=src)  # noqa: E731
+    config = _config(os.path.join(src, CONFIG), refuse)
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise refuse(f"peft_type {config.get('peft_type')} is not supported; only LORA adapters are")
     unsupported = [key for key in ("use_dora", "fan_in_fan_out", "modules_to_save", "rank_pattern", "alpha_pattern",
@@ -93,17 +117,50 @@ def read_adapter(name: str, src: str, options: LoraOptions) -> AdapterSpec:
         unsupported.append(f"bias={config['bias']}")
     if unsupported:
         raise refuse(f"{', '.join(unsupported)} not supported; train it with plain LoRA on linear layers")
-    targets = config.get("target_modules")
-    targets = (targets,) if isinstance(targets, str) else tuple(targets or ())
-    rank = config.get("r")
-    if not isinstance(rank, int) or rank < 1 or not targets:
-        raise refuse(f"adapter_config.json needs a rank r >= 1 and target_modules (r={rank!r}, "
-                     f"target_modules={config.get('target_modules')!r})")
+    targets, rank, alpha = config.get("target_modules"), config.get("r"), config.get("lora_alpha", config.get("r"))
+    pattern = targets if isinstance(targets, str) else None
+    targets = (targets,) if isinstance(targets, str) else targets
+    if not (isinstance(targets, (list, tuple)) and targets and all(isinstance(t, str) and t for t in targets)) or \
+            type(rank) is not int or rank < 1 or type(alpha) not in (int, float):
+        raise refuse(f"{CONFIG} needs a rank r >= 1, a number lora_alpha and target_modules (names or a pattern) "
+                     f"(r={rank!r}, lora_alpha={alpha!r}, target_modules={config.get('target_modules')!r})")
     if rank > options.max_lora_rank:
         raise refuse(f"rank {rank} exceeds option.max_lora_rank={options.max_lora_rank}; raise it or use a "
                      "smaller adapter")
-    return AdapterSpec(name, src, rank, float(config.get("lora_alpha", rank)), targets,
-                       str(config.get("base_model_name_or_path") or ""), bool(config.get("use_rslora", False)))
+    _check_weights(src, refuse)
+    return AdapterSpec(name, src, rank, float(alpha), tuple(targets), str(config.get("base_model_name_or_path") or ""),
+                       bool(config.get("use_rslora", False)), pattern)
+
+
+def _config(path: str, refuse: Callable[[str], InvalidRequest]) -> Mapping[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as file:
+            config = json.load(file)
+    except OSError as exc:
+        raise refuse(f"no readable {CONFIG} ({exc.strerror or exc})") from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise refuse(f"{CONFIG} is not valid JSON ({str(exc)[:200]})") from None
+    if not isinstance(config, dict):
+        raise refuse(f"{CONFIG} is a JSON {type(config).__name__}; expected an object (what peft writes)")
+    return config
+
+
+def _check_weights(src: str, refuse: Callable[[str], InvalidRequest]) -> None:
+    """The weights file is there and is what it claims to be (a safetensors header that fits the file, or the
+    start of torch.save's formats), before any library loads it."""
+    path = os.path.join(src, WEIGHTS[0])
+    if os.path.isfile(path):
+        try:
+            read_header(path)
+        except (OSError, ValueError) as exc:
+            raise refuse(f"{WEIGHTS[0]} is not a safetensors file: {exc}") from None
+        return
+    path = os.path.join(src, WEIGHTS[1])
+    if not os.path.isfile(path):
+        raise refuse(f"no {WEIGHTS[0]} or {WEIGHTS[1]} in its folder")
+    with open(path, "rb") as file:
+        if not file.read(4).startswith(TORCH_MAGIC):
+            raise refuse(f"{WEIGHTS[1]} is not a file torch.save wrote (neither a zip archive nor a pickle)")
 
 
 @dataclass(eq=False)
@@ -208,32 +265,3 @@ def adapter_names(names: Any, count: int) -> list[str]:
                                                f"{len(names)} names")
     return names
 
-
-# --- the vLLM engine: the same adapters and options in vLLM's terms -----------------------------------
-
-#: The ranks vLLM's ``LoRAConfig.max_lora_rank`` accepts.
-VLLM_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-
-
-def vllm_engine_args(options: LoraOptions) -> dict[str, Any]:
-    """vLLM's engine arguments for ``options`` ({} when LoRA is off). vLLM accepts only ``VLLM_RANKS`` as its rank
-    limit: ``option.max_lora_rank`` is rounded up to the next of them (adapters are still checked against the
-    option itself at registration). vLLM's ``max_cpu_loras`` is its cache of loaded adapters, at least
-    ``max_loras``."""
-    if not options.enabled:
-        return {}
-    rank = next((r for r in VLLM_RANKS if r >= options.max_lora_rank), None)
-    if rank is None:
-        raise ConfigError("max_lora_rank", options.max_lora_rank, f"vLLM serves ranks up to {VLLM_RANKS[-1]}")
-    return {"enable_lora": True, "max_loras": options.max_loras, "max_lora_rank": rank,
-            "max_cpu_loras": max(options.max_cpu_loras or options.max_loras, options.max_loras)}
-
-
-def vllm_lora_request(adapter: Adapter | None) -> Any:
-    """vLLM's ``LoRARequest`` for a sequence's adapter (None for the base model): its name, an id unique to the
-    registration (a re-registered name is a new adapter to vLLM's cache), and its folder."""
-    if adapter is None:
-        return None
-    from vllm.lora.request import LoRARequest
-
-    return LoRARequest(lora_name=adapter.name, lora_int_id=adapter.uid, lora_path=adapter.spec.src)

@@ -51,16 +51,19 @@ class StopMatcher:
     def __init__(self, stops: Sequence[str]):
         self._stops = [s for s in stops if s]
         self._held = ""
+        #: The stop sequence that ended the text, once one has.
+        self.matched: str | None = None
 
     def feed(self, text: str) -> tuple[str, bool]:
         """Returns (text to release now, whether a stop sequence completed)."""
         if not self._stops:
             return text, False
         buffer = self._held + text
-        hits = [i for i in (buffer.find(stop) for stop in self._stops) if i >= 0]
+        hits = [(i, stop) for stop in self._stops if (i := buffer.find(stop)) >= 0]
         if hits:
             self._held = ""
-            return buffer[:min(hits)], True
+            at, self.matched = min(hits)
+            return buffer[:at], True
         keep = self._held_tail(buffer)
         self._held = buffer[len(buffer) - keep:] if keep else ""
         return buffer[:len(buffer) - keep], False

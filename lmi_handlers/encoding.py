@@ -24,6 +24,7 @@ from typing import Any
 
 from .events import ErrorEvent, Event, FinishReason, GenerationResult, Token, TokenEvent
 from .request import GenerationRequest, Schema
+from .structured.reasoning import ReasoningReader
 from .structured.tools import CallReader, call_id
 
 
@@ -119,6 +120,9 @@ class Encoder:
         #: Each choice's reader of a forced tool call, while the call streams (``_forced_call_chunks``).
         self._calls = {i: CallReader(request.tools) for i in range(request.n)} if (
             request.tools is not None and request.tools.forced) else None
+        #: Each choice's reader of a reasoning model's answer, read apart as it streams (``structured/reasoning.py``).
+        self._thinking = {i: ReasoningReader(request.reasoning) for i in range(request.n)} if (
+            request.reasoning is not None) else None
 
     @property
     def content_type(self) -> str:
@@ -265,24 +269,27 @@ class Encoder:
                              "top_logprobs": [{"token": text, "logprob": p, "bytes": list(text.encode())}
                                               for _, text, p in t.top]} for t in tokens]}
 
-    def _tool_calls(self, result: GenerationResult) -> tuple[str | None, list[dict[str, Any]], str]:
-        """The answer's content, its tool calls in OpenAI's shape, and its finish reason."""
+    def _tool_calls(self, result: GenerationResult) -> tuple[str | None, str | None, list[dict[str, Any]], str]:
+        """The answer's reasoning (None without ``option.reasoning_parser``), content, tool calls in OpenAI's shape
+        (read from the content), and finish reason."""
+        reasoning, text = (None, result.text) if self.request.reasoning is None else (
+            self.request.reasoning.split(result.text))
         if self.request.tools is None:
-            return result.text, [], OPENAI_FINISH[result.finish_reason]
-        content, calls = self.request.tools.calls(result.text)
+            return reasoning, text, [], OPENAI_FINISH[result.finish_reason]
+        content, calls = self.request.tools.calls(text or "")
         shaped = [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}
                   for name, arguments in calls]
-        return content, shaped, _call_finish(result, bool(shaped))
+        return reasoning, content, shaped, _call_finish(result, bool(shaped))
 
     def _chat_completion(self, results: Any) -> dict[str, Any]:
         choices = []
         for index, result in enumerate(results):
-            content, calls, reason = self._tool_calls(result)
-            message: dict[str, Any] = {"role": "assistant", "content": content}
+            reasoning, content, calls, reason = self._tool_calls(result)
+            message: dict[str, Any] = {"role": "assistant", "content": content, **_thought(reasoning)}
             if calls:
                 message["tool_calls"] = calls
             choices.append({"index": index, "message": message, "logprobs": self._logprobs(result.tokens),
-                            "finish_reason": reason})
+                            "finish_reason": reason, "stop_reason": result.stop_sequence})
         return {"id": self._chat_id, "object": "chat.completion", "created": self._created,
                 "model": self.model_name, "choices": choices, "usage": self._usage(results)}
 
@@ -294,8 +301,8 @@ class Encoder:
     def _tool_call_chunks(self, result: GenerationResult, index: int) -> str:
         """An ``auto`` answer, streamed once it is complete (calls are read from the whole text): its content, then
         each call's id and name, then its arguments, as deltas the ``openai`` client reassembles."""
-        content, calls, reason = self._tool_calls(result)
-        out = [self._chunk(index, {"role": "assistant", "content": content})]
+        reasoning, content, calls, reason = self._tool_calls(result)
+        out = [self._chunk(index, {"role": "assistant", "content": content, **_thought(reasoning)})]
         for i, call in enumerate(calls):
             out.append(self._call_head(index, i, call["function"]["name"], call["id"]))
             out.append(self._chunk(index, {"tool_calls": [{"index": i, "function": {
@@ -311,7 +318,10 @@ class Encoder:
         if index not in self._sent_role:
             self._sent_role.add(index)
             out.append(self._chunk(index, {"role": "assistant", "content": None}))
-        for kind, call, value in reader.feed(event.token.text if event is not None else ""):
+        thought, text = self._think(index, event.token.text if event is not None else "", result is not None)
+        if thought:
+            out.append(self._chunk(index, _thought(thought)))
+        for kind, call, value in reader.feed(text):
             out.append(self._call_head(index, call, value, call_id()) if kind == "call" else
                        self._chunk(index, {"tool_calls": [{"index": call, "function": {"arguments": value}}]}))
         if result is not None:
@@ -328,16 +338,32 @@ class Encoder:
         if self.request.tools is not None and self.request.tools.active:
             out = self._tool_call_chunks(result, index) if result is not None else ""
             return out + self._chat_end(index, result)
-        text = event.token.text if event is not None else ""
-        if not text and result is None and index in self._sent_role:
+        thought, text = self._think(index, event.token.text if event is not None else "", result is not None)
+        if not text and not thought and result is None and index in self._sent_role:
             return ""  # a held-back token: nothing for the client yet
-        delta: dict[str, Any] = {"content": text}
+        delta: dict[str, Any] = {"content": text} if text or not thought else {}
+        delta.update(_thought(thought or None))
         if index not in self._sent_role:
-            delta = {"role": "assistant", "content": text}
+            delta = {"role": "assistant", **delta}
             self._sent_role.add(index)
-        chunk = self._chunk(index, delta, OPENAI_FINISH[result.finish_reason] if result else None,
-                            self._logprobs([event.token]) if event is not None else None)
-        return chunk + self._chat_end(index, result)
+        chunk = {"id": self._chat_id, "object": "chat.completion.chunk", "created": self._created,
+                 "model": self.model_name,
+                 "choices": [{"index": index, "delta": delta,
+                              "logprobs": self._logprobs([event.token]) if event is not None else None,
+                              "finish_reason": OPENAI_FINISH[result.finish_reason] if result else None,
+                              **({"stop_reason": result.stop_sequence} if result else {})}]}
+        return self._frame(chunk) + self._chat_end(index, result)
+
+    def _think(self, index: int, text: str, final: bool) -> tuple[str, str]:
+        """(reasoning, content) of the next piece of choice ``index``'s streamed answer; all of it is content without
+        a reasoning parser."""
+        if self._thinking is None:
+            return "", text
+        thought, content = self._thinking[index].feed(text)
+        if final:
+            more_thought, more_content = self._thinking[index].flush()
+            thought, content = thought + more_thought, content + more_content
+        return thought, content
 
     def _chat_end(self, index: int, result: GenerationResult | None) -> str:
         """After a stream's last chunk (that of its last choice to finish): the usage chunk if asked for, and
@@ -352,6 +378,12 @@ class Encoder:
             if self.format.framing is Framing.SSE:
                 out += "data: [DONE]\n\n"
         return out
+
+
+def _thought(reasoning: str | None) -> dict[str, str]:
+    """A message's or delta's reasoning: ``reasoning_content`` (DeepSeek's and LMI's name) and ``reasoning`` (vLLM's
+    since 0.10), as clients read one or the other."""
+    return {} if reasoning is None else {"reasoning_content": reasoning, "reasoning": reasoning}
 
 
 def _call_finish(result: GenerationResult, called: bool) -> str:

@@ -47,6 +47,8 @@ class GenerationResult:
     seed: int | None = None
     #: Speculative decoding: (draft tokens proposed, of which the target accepted), None when it was off.
     speculation: tuple[int, int] | None = None
+    #: The stop sequence that ended the answer (``FinishReason.STOP``), as vLLM's ``stop_reason`` tells it.
+    stop_sequence: str | None = None
 
     @property
     def acceptance_rate(self) -> float | None:

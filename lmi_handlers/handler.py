@@ -1,6 +1,9 @@
 """The handler behind ``handle(inputs)``: load on the init call, then serve every request shape.
 
-* the empty init call: parse ``HandlerConfig`` from its properties, load the backend, return None;
+* the empty init call: resolve its properties into a ``Deployment`` (``deployment.py``: the settings, DJL's mode, the
+  backend and its options, parsed once), load the backend, return None;
+* called from an event loop (DJL's async engine, ``option.async_mode=true``): a coroutine, answered by
+  ``async_service.py`` (one request per call, joining the backend's step loop);
 * rolling batch (``option.rolling_batch=auto|scheduler``): one call per generation step;
 * otherwise a single request (a JSON body, or a stream via ``add_stream_content``) or a dynamic
   batch of N requests answered with N items ``batch_<i>.data``, each request on its own: an invalid
@@ -11,6 +14,7 @@ This is the only place where errors become responses.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any, Callable, Iterator
@@ -18,17 +22,17 @@ from typing import Any, Callable, Iterator
 from . import djl
 from . import adapters as lora
 from . import kv_events, tracing
-from .backends import BACKENDS, load_backend
 from .backends.base import Backend
-from .config import HandlerConfig, check_unknown_keys
-from .structured.tools import ToolOptions
+from .config import ConfigError, HandlerConfig
+from .deployment import Deployment, resolve
+from .pooling.batch import Pooler, answer_batch
+from .structured.reasoning import Reasoning, reasoning_for
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .gauges import DjlMetrics
 from .errors import HandlerError, InvalidRequest, status_of
 from .job import Job, prepare_job
 from .rolling import RollingBatch
-from .scheduler import priority_scheduling
 
 logger = logging.getLogger(__name__)
 
@@ -36,66 +40,102 @@ logger = logging.getLogger(__name__)
 class Handler:
     """Holds the configuration, backend and engine of one model; ``handle`` is the entry point."""
 
-    def __init__(self, backend_loader: Callable[[HandlerConfig], Backend] = load_backend):
+    def __init__(self, backend_loader: Callable[[Deployment], Backend] = Deployment.load):
         self.backend_loader = backend_loader
         self.initialized = False
+        self.deployment: Deployment | None = None
         self.config: HandlerConfig | None = None
         self.backend: Backend | None = None
         self.engine: Engine | None = None
         self.rolling: RollingBatch | None = None
         self.adapters = lora.Adapters(lora.LoraOptions(), None)
-        #: ``option.scheduling_policy=priority``: requests may set ``priority`` (``scheduler.py``).
-        self.by_priority = False
+        self.reasoning: Reasoning | None = None
+        #: An embedding model's backend (``option.task=text-embedding``): requests are answered by ``pooling/``.
+        self.pooler: Pooler | None = None
+        self._async: Any = None
         #: Requests carry their trace context to the engine (``tracing.py``).
         self.traced = False
+        #: The engine's gauges as DJLServing's ``[METRICS]`` lines (``gauges.py``).
+        self.djl_metrics = DjlMetrics()
 
-    def initialize(self, properties: dict[str, Any]) -> None:
-        config = HandlerConfig.from_properties(properties)
-        events = kv_events.KVEventsOptions.from_properties(config.properties)  # refused before the weights load
-        backend = self.backend_loader(config)
-        check_unknown_keys(config.properties, backend.option_keys)
-        ToolOptions.from_properties(config.properties)  # a bad tool-call option refuses the load, not a request
-        options = lora.LoraOptions.from_properties(config.properties)
-        self.by_priority = priority_scheduling(config.properties)
+    def initialize(self, properties: dict[str, Any], awaited: bool = False) -> None:
+        """Load; ``awaited`` (DJL's async engine calls): ``async_service.py`` starts the engine requests join."""
+        deployment = resolve(properties)  # every option parsed here, once: a bad one refuses the load, not a request
+        config = deployment.config
+        conflict = config.async_conflict() if awaited else None
+        if conflict is not None:
+            raise conflict
+        if deployment.embedding and config.rolling:
+            raise ConfigError("rolling_batch", config.rolling_batch, "option.task=text-embedding answers whole "
+                              "requests: set option.rolling_batch=disable (and batch_size, max_batch_delay for "
+                              "dynamic batching)")
+        logger.info("backend %s (%s)", deployment.backend.name, deployment.why)
+        for warning in deployment.warnings:
+            logger.warning("%s", warning)
+        backend = self.backend_loader(deployment)
+        self.reasoning = reasoning_for(config.properties, getattr(backend.tokenizer, "hf", None))
+        self.deployment, self.config, self.backend = deployment, config, backend
+        if deployment.embedding:  # an embedding model: dynamic batches of vectors, no step loop
+            self.pooler = backend  # type: ignore[assignment]
+            self.initialized = True
+            return
+        self.adapters = lora.Adapters(deployment.lora, backend.load_adapter if deployment.backend.adapters else None)
         self.traced = tracing.enabled(config.properties)
-        self.config, self.backend = config, backend
-        self.adapters = lora.Adapters(options, getattr(backend, "load_adapter", None))
-        # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
-        step_loop = getattr(BACKENDS.get(backend.name), "step_loop", None)
-        if step_loop is not None:
-            self.engine = step_loop(backend)
-        else:
-            kv_events.attach(backend, events, config.properties)  # vLLM publishes its own (its kv_events_config)
-            self.engine = Engine(backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
-                                 by_priority=self.by_priority)
-            self.engine.scheduler.max_adapters = options.max_loras if options.enabled else None
-            if self.traced:  # vLLM traces its own requests (its otlp_traces_endpoint)
-                model = os.path.basename(config.model_id.rstrip("/"))
-                self.engine.tracer = tracing.Tracer.from_config(model, config.properties)
-        djl_metrics = DjlMetrics(str(config.properties.get("metric_dimension") or "model"))
-        self.rolling = RollingBatch(self.engine, self._prepare, djl_metrics=djl_metrics) if config.rolling else None
+        self.djl_metrics = DjlMetrics(str(config.properties.get("metric_dimension") or "model"))
+        if deployment.mode.asynchronous != awaited:
+            logger.warning("option.async_mode=%s, but DJL's %s engine calls handle: answering as that engine awaits",
+                           str(deployment.mode.asynchronous).lower(), "async" if awaited else "sync")
+        if not awaited:
+            # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
+            step_loop = deployment.backend.step_loop
+            self.engine = step_loop(backend) if step_loop is not None else self.new_engine()
+            self.rolling = RollingBatch(self.engine, self.prepare, djl_metrics=self.djl_metrics) \
+                if config.rolling else None
         self.initialized = True
 
+    def new_engine(self) -> Engine:
+        """Our engine over the loaded backend (the backends without a step loop of their own), publishing KV events,
+        scheduling by priority and tracing as the options ask (vLLM does all three itself, from its engine
+        arguments)."""
+        assert self.deployment is not None and self.config is not None and self.backend is not None
+        config, deployment = self.config, self.deployment
+        kv_events.attach(self.backend, deployment.kv_events, config.properties)
+        engine = Engine(self.backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
+                        by_priority=deployment.by_priority)
+        engine.scheduler.max_adapters = self.adapters.options.max_loras if self.adapters.options.enabled else None
+        if self.traced:
+            engine.tracer = tracing.Tracer.from_config(os.path.basename(config.model_id.rstrip("/")), config.properties)
+        return engine
+
     def handle(self, inputs: Any) -> Any:
+        if _awaited():
+            return self._async_service().handle(inputs)
         try:
             if not self.initialized:
-                self.initialize(_configuration(inputs))
+                self.initialize(djl.configuration(inputs))
             if inputs.is_empty():
                 return None
             if self.rolling is not None:
                 return self.rolling.step(inputs)
             return self._inference(inputs)
         except Exception as exc:  # noqa: BLE001 - the one place errors become responses
-            return self._error_output(exc)
+            return self.error_output(exc)
+
+    def _async_service(self) -> Any:
+        if self._async is None:
+            from .async_service import AsyncService
+
+            self._async = AsyncService(self)
+        return self._async
 
     # --- non-rolling modes --------------------------------------------------------------------
 
-    def _prepare(self, item: Any) -> Job:
+    def prepare(self, item: Any) -> Job:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
-        assert self.config is not None and self.backend is not None
+        assert self.deployment is not None and self.backend is not None
         try:
-            job = prepare_job(item, self.config, self.backend, server_seed=item.get_property("seed"),
-                              adapters=self.adapters, by_priority=self.by_priority)
+            job = prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
+                              adapters=self.adapters, reasoning=self.reasoning)
             if self.traced:
                 headers = tracing.trace_headers(item)
                 for seq in job.seqs:
@@ -108,8 +148,10 @@ class Handler:
 
     def _inference(self, inputs: Any) -> Any:
         items = inputs.get_batches()
+        if self.pooler is not None:
+            return self._embeddings(inputs, items)
         if not inputs.is_batch():
-            job = self._prepare(items[0])
+            job = self.prepare(items[0])
             output = djl.new_output()
             if job.streaming:
                 output.add_property("content-type", job.content_type)
@@ -118,7 +160,7 @@ class Handler:
             if job.error is not None:
                 return output.error(job.error.message, code=job.error.code, message=reason_phrase(job.error.code))
             return output.add_property("content-type", job.content_type).add(body)
-        jobs = [self._prepare(item) for item in items]
+        jobs = [self.prepare(item) for item in items]
         output = djl.new_output()
         types = set()
         for i, (job, body) in enumerate(zip(jobs, self._complete(jobs))):
@@ -130,6 +172,20 @@ class Handler:
         # Headers are shared by the whole batch (DJL's contract); name a type only if all agree.
         output.add_property("content-type", types.pop() if len(types) == 1 else "application/json")
         return output
+
+    def _embeddings(self, inputs: Any, items: list[Any]) -> Any:
+        """A dynamic batch (or one request) of embedding requests: each answered, or refused, on its own."""
+        assert self.pooler is not None and self.config is not None
+        answers = answer_batch(items, self.pooler, self.config)
+        output = djl.new_output()
+        if not inputs.is_batch():
+            code, body = answers[0]
+            if code != 200:
+                return output.error(body, code=code, message=reason_phrase(code))
+            return output.add_property("content-type", "application/json").add(body)
+        for i, (code, body) in enumerate(answers):
+            output.add(body if code == 200 else dumps(error_object(code, body)), key="data", batch_index=i)
+        return output.add_property("content-type", "application/json")
 
     def _complete(self, jobs: list[Job]) -> list[str]:
         """Run jobs together until all finish; returns each one's whole body."""
@@ -158,26 +214,32 @@ class Handler:
     def manage_adapter(self, inputs: Any, action: str) -> Any:
         """``action`` (register, update, unregister) on the adapter named by the ``name`` property; ``src`` is its
         folder, the content's items its options. Answers DJL's ``{"status"...}`` message, or the error."""
+        if _awaited():
+            return self._async_service().manage_adapter(inputs, action)
         try:
             if not self.initialized:
                 raise InvalidRequest("the model is not loaded yet: adapters register after it loads")
-            name = str(inputs.get_property("name") or "")
-            content = inputs.get_content()
-            options = {key: inputs.get_as_string(key) for key in content.get_keys() if key and key != "data"}
-            if action == "register":
-                self.adapters.register(name, str(inputs.get_property("src") or ""), options)
-            elif action == "update":
-                self.adapters.update(name, options)
-            else:
-                self.adapters.unregister(name)
-            done = {"register": "registered", "update": "updated", "unregister": "unregistered"}[action]
-            return djl.new_output().add_as_json({"status": f"Adapter {name} {done}"})
+            return djl.new_output().add_as_json({"status": self.adapter_action(inputs, action)})
         except Exception as exc:  # noqa: BLE001 - a bad adapter is its own answer; the base model keeps serving
-            return self._error_output(exc)
+            return self.error_output(exc)
+
+    def adapter_action(self, inputs: Any, action: str) -> str:
+        """Run the adapter call; its status message (raises for a bad adapter)."""
+        name = str(inputs.get_property("name") or "")
+        content = inputs.get_content()
+        options = {key: inputs.get_as_string(key) for key in content.get_keys() if key and key != "data"}
+        if action == "register":
+            self.adapters.register(name, str(inputs.get_property("src") or ""), options)
+        elif action == "update":
+            self.adapters.update(name, options)
+        else:
+            self.adapters.unregister(name)
+        done = {"register": "registered", "update": "updated", "unregister": "unregistered"}[action]
+        return f"Adapter {name} {done}"
 
     # --- errors -------------------------------------------------------------------------------
 
-    def _error_output(self, exc: Exception) -> Any:
+    def error_output(self, exc: Exception) -> Any:
         if not isinstance(exc, HandlerError):
             logger.exception("handler failed")
         code = status_of(exc)
@@ -187,11 +249,10 @@ class Handler:
         return djl.new_output().error(message, code=code, message=reason_phrase(code))
 
 
-def _configuration(inputs: Any) -> dict[str, Any]:
-    """The properties to load from. DJLServing's init call carries only the model's; a harness that skips it
-    (djl_python's ``TestHandler``) loads from the first request, whose batch layout is no configuration:
-    its ``batch_size`` would read as dynamic batching (and be refused with rolling batch)."""
-    properties = inputs.get_properties()
-    if inputs.is_empty():
-        return properties
-    return {key: value for key, value in properties.items() if not key.startswith("batch_")}
+def _awaited() -> bool:
+    """Whether the caller is DJL's async engine: it calls ``handle`` from its event loop and awaits the answer."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 from .adapters import Adapters, requested_adapters
 from .backends.base import Backend
-from .config import HandlerConfig
+from .deployment import Deployment
 from .encoding import Encoder, choose_format, dumps, error_object
 from .errors import HandlerError, InvalidRequest, invalid_field, status_of
 from .events import ErrorEvent, Event, GenerationResult
@@ -25,6 +25,7 @@ from .request import GenerationRequest, Payload, Schema, decode_body, parse_payl
 from .schemas import MAX_SEED
 from .sequence import SequenceState
 from .structured import tools as tool_calling
+from .structured.reasoning import Reasoning
 
 
 class Job:
@@ -88,10 +89,12 @@ class Job:
         return dumps(error_object(self.error.code, self.error.message))
 
 
-def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed: Any = None,
-                adapters: Adapters | None = None, by_priority: bool = False) -> Job:
-    """Parse, validate and tokenize one request item; raises ``InvalidRequest`` for bad input (``AdapterNotFound``
-    for an adapter ``adapters`` does not hold; a ``priority`` other than 0 unless ``by_priority``)."""
+def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed: Any = None,
+                adapters: Adapters | None = None, reasoning: Reasoning | None = None) -> Job:
+    """Parse, validate and tokenize one request item with the deployment's settings; raises ``InvalidRequest`` for
+    bad input (``AdapterNotFound`` for an adapter ``adapters`` does not hold; a ``priority`` other than 0 unless the
+    deployment schedules by priority). ``reasoning``: the model's reasoning convention, read apart in chat answers."""
+    config = deployment.config
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
     payload = parse_payload(data, config.max_new_tokens, config.limits)
@@ -108,10 +111,12 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     accept = item.get_property("Accept")
     seqs, encoders, choices = [], [], []
     for request, adapter in zip(payload.requests, chosen):
-        request = _structured(request, config, backend)
+        request = _structured(request, deployment.tools, backend)
         _check_supported(request, backend)
-        _check_priority(request, by_priority)
+        _check_priority(request, deployment.by_priority)
         prompt_text, prompt_ids = _tokenize(request, backend)
+        if reasoning is not None and request.schema is Schema.CHAT:
+            request = _reasoning(request, reasoning.for_prompt(prompt_text), backend)
         max_new = _token_budget(request, len(prompt_ids), backend.max_sequence_length)
         seed = request.sampling.seed
         if seed is None and request.sampling.do_sample:
@@ -134,7 +139,7 @@ def prepare_job(item: Any, config: HandlerConfig, backend: Backend, server_seed:
     return Job(payload, seqs, encoders, choices)
 
 
-def _structured(request: GenerationRequest, config: HandlerConfig, backend: Backend) -> GenerationRequest:
+def _structured(request: GenerationRequest, options: tool_calling.ToolOptions, backend: Backend) -> GenerationRequest:
     """``request`` with the server's tool-call parser; a 400 for a constraint this backend cannot enforce."""
     if request.constraint is not None and not getattr(backend, "structured_output", False):
         field = request.constraint.field
@@ -143,9 +148,17 @@ def _structured(request: GenerationRequest, config: HandlerConfig, backend: Back
     if request.tools is None:
         return request
     # A backend with tool-call parsers of its own (vllm: vLLM's) reads an ``auto`` answer with them.
-    tools = tool_calling.resolve(request.tools, tool_calling.ToolOptions.from_properties(config.properties),
-                                 getattr(backend, "tool_call_parser", tool_calling.parser))
+    tools = tool_calling.resolve(request.tools, options, getattr(backend, "tool_call_parser", tool_calling.parser))
     return dataclasses.replace(request, tools=tools)
+
+
+def _reasoning(request: GenerationRequest, reasoning: Reasoning, backend: Backend) -> GenerationRequest:
+    """``request`` reading its answer's reasoning apart; its constraint (a schema, a forced tool call) starts after
+    the reasoning, unless the backend's own structured output waits for it (vllm: ``reasoning_parser``)."""
+    constraint = request.constraint
+    if constraint is not None and not getattr(backend, "reasoning_aware", False):
+        constraint = dataclasses.replace(constraint, lead=reasoning.lead())
+    return dataclasses.replace(request, reasoning=reasoning, constraint=constraint)
 
 
 def _check_supported(request: GenerationRequest, backend: Backend) -> None:
@@ -198,8 +211,7 @@ def _token_budget(request: GenerationRequest, prompt_tokens: int, limit: int) ->
     else:
         max_new = request.stopping.max_new_tokens
     if prompt_tokens + max_new > limit:
-        budget = "max_tokens" if request.schema is Schema.CHAT else (
-            "seq_length" if request.schema is Schema.LEGACY else "parameters.max_new_tokens")
+        budget = "seq_length" if request.schema is Schema.LEGACY else request.budget_field
         raise InvalidRequest(f"{budget}: the prompt is {prompt_tokens} tokens and {max_new} new tokens were asked "
                              f"for, {prompt_tokens + max_new} in all; this model holds at most {limit}. "
                              f"Ask for at most {limit - prompt_tokens} new tokens.", field=budget, value=max_new)

@@ -37,6 +37,8 @@ logger = logging.getLogger(__name__)
 #: vLLM's storage medium of the engine's own KV pool (its CPU build reports this one too).
 MEDIUM = "GPU"
 END_OF_REPLAY = (-1).to_bytes(8, "big", signed=True)
+#: The option this module reads: vLLM's engine argument, a JSON object.
+KEYS = ("kv_events_config",)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from .structured import constraint as structured
 from .structured import tools as tool_calling
 
 __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "Schema", "StoppingParams",
-           "decode_body", "parse_payload"]
+           "decode_body", "parse_payload", "parse_stream_options"]
 
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos", "n",
@@ -189,6 +189,10 @@ def _chat_messages(value: Any, limits: RequestLimits) -> tuple[tuple[str, str], 
             raise invalid_field(f"{field}.role", role, f"allowed roles are {', '.join(CHAT_ROLES)}")
         if message.get("name") is not None and not isinstance(message["name"], str):
             raise invalid_field(f"{field}.name", message["name"], "expected a string")
+        if role == "tool" and (not isinstance(message.get("tool_call_id"), str) or not message["tool_call_id"]):
+            # OpenAI's rule: a tool result answers one call, named by its id
+            raise invalid_field(f"{field}.tool_call_id", message.get("tool_call_id"),
+                                "a tool message needs the id of the call it answers (a non-empty string)")
         if role == "assistant" and message.get("tool_calls") is not None:
             content = tool_calling.message_text(field, message)
         else:
@@ -232,12 +236,23 @@ def _check_chat_strings(data: Mapping[str, Any]) -> None:
             raise invalid_field(name, data[name], "expected a string")
 
 
+def parse_stream_options(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """OpenAI's ``stream_options`` (chat and completions): an object whose one field, ``include_usage``, is a
+    boolean, sent only with ``"stream": true`` (OpenAI and vLLM refuse it otherwise)."""
+    options = _object("stream_options", data.get("stream_options"))
+    _check_known(options, ("include_usage",), "stream_options")
+    if options.get("include_usage") is not None:
+        rule_of(GenerationRequest, "include_usage").check("stream_options.include_usage", options["include_usage"])
+    if data.get("stream_options") is not None and data.get("stream") is not True:
+        raise invalid_field("stream_options", data["stream_options"], 'allowed only with "stream": true')
+    return options
+
+
 def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: RequestLimits) -> GenerationRequest:
     _check_known(data, CHAT_FIELDS, "")
     _check_chat_strings(data)
     budget_key = "max_completion_tokens" if "max_completion_tokens" in data else "max_tokens"
-    stream_options = _object("stream_options", data.get("stream_options"))
-    _check_known(stream_options, ("include_usage",), "stream_options")
+    stream_options = parse_stream_options(data)
     names = {"max_new_tokens": budget_key, "details": "logprobs", "include_usage": "stream_options.include_usage"}
     # OpenAI samples unless the temperature is 0.
     sampling = checked(SamplingParams, {key: data.get(key) for key in SAMPLING_FIELDS if key != "do_sample"},
@@ -258,7 +273,7 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: Re
     return _check_choices(checked(GenerationRequest, response, names, schema=Schema.CHAT, prompt="",
                                   sampling=sampling, stopping=stopping,
                                   messages=_chat_messages(data.get("messages"), limits), model=data.get("model"),
-                                  constraint=constraint, tools=tools), names)
+                                  constraint=constraint, tools=tools, budget_field=budget_key), names)
 
 
 def _parse_legacy(data: Mapping[str, Any], limits: RequestLimits) -> Payload:

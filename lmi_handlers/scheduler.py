@@ -32,14 +32,16 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Mapping
 
-from .config import parse_choice
 from .sequence import Chunk, SequenceState
+from .values import parse_choice
 
 DEFAULT_CHUNK_BUDGET = 512
 #: Prompt tokens admitted per step without chunked prefill, unless the option says otherwise.
 DEFAULT_ADMISSION_BUDGET = 1024
 #: ``option.scheduling_policy``: vLLM's names.
 POLICIES = ("fcfs", "priority")
+#: The option this module reads.
+KEYS = ("scheduling_policy",)
 
 
 def priority_scheduling(props: Mapping[str, Any]) -> bool:

@@ -20,6 +20,7 @@ from .errors import invalid_field
 
 if TYPE_CHECKING:
     from .structured.constraint import Constraint
+    from .structured.reasoning import Reasoning
     from .structured.tools import ToolCalling
 
 MAX_SEED = 2**63 - 1
@@ -28,6 +29,7 @@ MAX_LOGIT_BIAS = 300
 MAX_TOP_LOGPROBS = 20
 #: The most choices one request may ask for (``n``): OpenAI's own limit (vLLM's default allows 16,384).
 MAX_CHOICES = 128
+MAX_TEMPERATURE = 2.0
 #: A request's scheduling priority is a 32-bit integer, as vLLM stores it.
 PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
@@ -127,8 +129,9 @@ class SamplingParams:
 
     #: Sample from the distribution (true) or take the most likely token (false: greedy decoding).
     do_sample: bool = ruled(False, Rule(bool))
-    #: Divides the logits before sampling; 0 means greedy decoding whatever ``do_sample`` says.
-    temperature: float = ruled(1.0, Rule(float, low=0))
+    #: Divides the logits before sampling; 0 means greedy decoding whatever ``do_sample`` says. At most 2 on every
+    #: schema and engine: OpenAI's range, and what vLLM's ``SamplingParams`` accepts.
+    temperature: float = ruled(1.0, Rule(float, low=0, high=MAX_TEMPERATURE))
     #: Sample only among the k most likely tokens; 0 turns the filter off.
     top_k: int = ruled(0, Rule(int, low=0))
     #: Sample only among the most likely tokens whose probabilities add up to p; 1 turns the filter off.
@@ -218,6 +221,11 @@ class GenerationRequest:
     constraint: Constraint | None = None
     #: Chat tool calling: the tools, ``tool_choice`` and how calls are read back (``structured/tools.py``).
     tools: ToolCalling | None = None
+    #: The token budget's name as the client wrote it (``max_tokens`` or ``max_completion_tokens`` on chat), for
+    #: errors found once the prompt is tokenized.
+    budget_field: str = "parameters.max_new_tokens"
+    #: A reasoning model's convention (``option.reasoning_parser``): chat answers carry the reasoning apart.
+    reasoning: Reasoning | None = None
     #: Scheduling priority, vLLM's field: lower values are admitted first (then by arrival); 0 by default. Any other
     #: value needs ``option.scheduling_policy=priority`` (``scheduler.py``).
     priority: int = ruled(0, Rule(int, low=PRIORITY_RANGE[0], high=PRIORITY_RANGE[1]))

@@ -104,7 +104,8 @@ class SequenceState:
 
     def result(self, reason: FinishReason) -> GenerationResult:
         return GenerationResult(self.text, reason, len(self.generated), len(self.prompt_ids),
-                                tuple(self.tokens), self.seed, self.speculation)
+                                tuple(self.tokens), self.seed, self.speculation,
+                                self._stops.matched if reason is FinishReason.STOP else None)
 
     def fail(self, code: int, message: str) -> ErrorEvent:
         self.finished = True

@@ -28,6 +28,8 @@ from .errors import ConfigError
 
 TRACE_HEADERS = ("traceparent", "tracestate")
 ENDPOINT_VARIABLES = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+#: The option this module reads: vLLM's engine argument.
+KEYS = ("otlp_traces_endpoint",)
 
 
 def enabled(props: Mapping[str, Any], environ: Mapping[str, str] = os.environ) -> bool:

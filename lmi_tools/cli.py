@@ -10,6 +10,7 @@ from importlib import import_module
 import typer
 
 from .errors import ToolError
+from .outputs import describe
 
 
 def _flag_type_hidden() -> None:
@@ -54,6 +55,7 @@ for _name in COMMAND_MODULES:
 EXAMPLES = {
     "tiny-model": ["lmi tiny-model out/tiny"],
     "model smollm2": ["lmi model smollm2", "lmi model smollm2 out/smollm2"],
+    "model minilm": ["lmi model minilm", "lmi model minilm out/minilm"],
     "model from-gguf": ["lmi model from-gguf ./qwen2-0.5b-instruct-q8_0.gguf out/qwen2"],
     "serve": ["lmi serve out/demo/model --port 8080", "lmi serve chat=./llama code=./codellama"],
     "new": ["lmi new --preset llama-3-8b-inf2-xlarge model/"],
@@ -72,7 +74,8 @@ EXAMPLES = {
     "components": ["lmi components pool"],
     "scale": ["lmi scale chat 2", "lmi scale code 0 --no-wait"],
     "bench": ["lmi bench http://127.0.0.1:8080/predictions/model -c 4 -n 100",
-              "lmi bench --serve out/demo/model --sweep 1,4,16"],
+              "lmi bench --serve out/demo/model --sweep 1,4,16",
+              "lmi bench http://127.0.0.1:8080/v1/embeddings -c 16 -n 400"],
     "chat-stack": ["lmi chat-stack llama=s3://my-bucket/llama/model.tar.gz --wheel "
                    "s3://my-bucket/lmi_handlers-0.1.0-py3-none-any.whl --key-name my-key --instance inf2.xlarge"],
     "optimize start": ["lmi optimize start --name llama-awq --model s3://my-bucket/llama/ "
@@ -100,7 +103,10 @@ for _full_name, _info in _commands(app):
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     try:
-        result = app(args=args, standalone_mode=False)
+        try:
+            result = app(args=args, standalone_mode=False)
+        except OSError as exc:  # the file system refused what no command checked first: a message, not a traceback
+            raise ToolError(describe(exc)) from None
         return result if isinstance(result, int) else 0
     except ToolError as exc:
         if "--json" in args:  # a caller that asked for JSON gets JSON on stdout, failures included

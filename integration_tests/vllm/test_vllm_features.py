@@ -1,6 +1,6 @@
 """Structured output, tool calls and LoRA adapters on the vllm backend: the constraint and the adapter the handler
 builds, handed to vLLM's own structured outputs and LoRA, and ``auto`` tool calls read by vLLM's own parser, through
-``lmi serve`` on SmolLM2-135M-Instruct.
+``lmi serve`` on SmolLM2-135M-Instruct; and the Responses and Messages APIs, which answer as the chat route does.
 
 One server serves the module; each test sends its requests at once, so that they share vLLM's steps and the module
 needs few generations."""
@@ -9,12 +9,14 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+import anthropic
 import httpx
 import jsonschema
 import openai
 import pytest
 
-from integration_tests.chat_requests import ASK, BAD_CONSTRAINTS, TIME, WEATHER
+from integration_tests.chat_requests import (ASK, BAD_CONSTRAINTS, TIME, WEATHER,
+                                             ask_a_pydantic_tool_with_every_tool_choice)
 
 pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
 
@@ -182,6 +184,19 @@ def test_every_tool_choice_streamed_or_not_and_a_tool_result_turn(oai, streamed_
     assert answers["tool result"].message.content
 
 
+def test_a_pydantic_tool_with_nested_models_works_with_every_tool_choice(oai):
+    ask_a_pydantic_tool_with_every_tool_choice(oai, BUDGET)
+
+
+def test_the_temperature_range_is_the_hf_engines(oai):
+    """Both engines take temperature in [0, 2] (``schemas.MAX_TEMPERATURE``) and refuse 3 with the same 400."""
+    chat = dict(model="smollm2", messages=ASK, max_tokens=2)
+    assert oai.chat.completions.create(**chat, temperature=2).choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError) as caught:
+        oai.chat.completions.create(**chat, temperature=3)
+    assert caught.value.body["message"] == "temperature: expected a number in [0, 2], got 3"
+
+
 def test_constrained_and_free_rows_run_side_by_side_and_free_greedy_rows_equal_vllms_generate(server, oai,
                                                                                               reference):
     _, base = reference
@@ -218,3 +233,48 @@ def test_bad_schemas_are_400s_naming_the_field_before_anything_runs(oai, body, f
     with pytest.raises(openai.BadRequestError) as caught:
         oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=8, extra_body=body)
     assert field in caught.value.message
+
+
+def test_responses_and_messages_answer_as_the_chat_route_does_on_vllm(server, oai):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=600)
+    greedy = {"extra_body": {"temperature": 0}}
+    responses_tools = [{"type": "function", **tool["function"]} for tool in (WEATHER, TIME)]
+    messages_tools = [{"name": f["name"], "description": f["description"], "input_schema": f["parameters"]}
+                      for f in (WEATHER["function"], TIME["function"])]
+
+    def streamed_response(**kwargs):
+        return list(oai.responses.create(stream=True, **kwargs))[-1].response
+
+    def streamed_message(**kwargs):
+        with claude.messages.stream(**kwargs) as stream:
+            return stream.get_final_message()
+
+    asks = {
+        "chat": lambda: oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=MAX_TOKENS,
+                                                    temperature=0),
+        "response": lambda: oai.responses.create(model="smollm2", input=ASK, max_output_tokens=MAX_TOKENS,
+                                                 temperature=0),
+        "response streamed": lambda: streamed_response(model="smollm2", input=ASK, max_output_tokens=MAX_TOKENS,
+                                                       temperature=0),
+        "message": lambda: claude.messages.create(model="smollm2", messages=ASK, max_tokens=MAX_TOKENS, **greedy),
+        "message streamed": lambda: streamed_message(model="smollm2", messages=ASK, max_tokens=MAX_TOKENS, **greedy),
+        "count": lambda: claude.messages.count_tokens(model="smollm2", messages=ASK),
+        "chat tools": lambda: oai.chat.completions.create(model="smollm2", messages=ASK, max_tokens=BUDGET,
+                                                          temperature=0, tools=[WEATHER, TIME]),
+        "response tools": lambda: oai.responses.create(model="smollm2", input=ASK, max_output_tokens=BUDGET,
+                                                       temperature=0, tools=responses_tools),
+        "message tools": lambda: claude.messages.create(model="smollm2", messages=ASK, max_tokens=BUDGET,
+                                                        tools=messages_tools, **greedy),
+    }
+    answers = dict(zip(asks, _all(list(asks.values()))))
+    chat = answers["chat"]
+    want = chat.choices[0].message.content
+    assert want and answers["response"].output_text == answers["response streamed"].output_text == want
+    assert answers["message"].content[0].text == answers["message streamed"].content[0].text == want
+    assert answers["count"].input_tokens == chat.usage.prompt_tokens == answers["response"].usage.input_tokens
+    # auto tool calls, read by vLLM's hermes parser, come back as function_call items and tool_use blocks
+    calls = [(c.function.name, json.loads(c.function.arguments))
+             for c in answers["chat tools"].choices[0].message.tool_calls or []]
+    assert [(i.name, json.loads(i.arguments)) for i in answers["response tools"].output
+            if i.type == "function_call"] == calls
+    assert [(b.name, b.input) for b in answers["message tools"].content if b.type == "tool_use"] == calls

@@ -4,6 +4,6 @@
 Each package imports its heavy dependencies lazily, so choosing one costs nothing until it loads.
 """
 
-from .registry import BACKENDS, load_backend
+from .registry import BACKENDS
 
-__all__ = ["BACKENDS", "load_backend"]
+__all__ = ["BACKENDS"]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Collection, Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 from ..errors import ConfigError
 
@@ -56,9 +56,6 @@ class Backend(Protocol):
     max_sequence_length: int
     #: How many sequences can be active at once.
     max_batch_size: int
-    #: Backend-specific option keys it reads from the init properties.
-    option_keys: Collection[str]
-
     #: The paged KV pool's block manager, or None (one slot per sequence, sized by max_batch_size).
     kv: Any
     #: Whether ``step`` takes chunks that start after 0 (chunked prefill, prefix hits, recompute).

@@ -1,5 +1,6 @@
 """The backends, one table: what each is called, its options, whether it can run here, its load plan, the
-instances it runs on and how it loads.
+instances it runs on and how it loads. ``deployment.py`` is the one reader that turns properties into a backend and
+its settings; the tools read the table for what it says about each backend.
 
 Each backend is a package (or module) under ``backends/`` whose ``__init__`` exports, importing only the standard
 library:
@@ -14,31 +15,33 @@ library:
   ``warnings``. The backend's load runs the same function and ``lmi validate`` runs it for an instance;
 - ``INSTANCE_FAMILIES``: the instance families it runs on (``cpu`` for the local machine, ``base.ANY_FAMILY`` for
   any);
-- ``load(config) -> Backend`` (heavy imports inside);
+- ``load(deployment) -> Backend`` (``deployment.Deployment``: the settings, the options parsed once; heavy imports
+  inside);
 
-and, where they differ from the defaults: ``check_files(config, options)`` (what loading checks in the model's
-files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option bounding prompt + output,
-``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see ``Entry.step_loop``),
-``loadable()`` (whether an explicit choice can load here, where that is less than what ``auto`` asks) and
-``AUTO_FAMILIES`` (the families whose LMI image makes ``auto`` pick it, where fewer than ``INSTANCE_FAMILIES``).
+and, where they differ from the defaults: ``ROLLING_BATCH`` (the ``option.rolling_batch`` values that select it:
+vllm's ``vllm``), ``ADAPTERS`` (an ``adapters.AdapterRule``: it serves LoRA adapters, within that rule),
+``HEAD_LAYOUT`` (how it spreads attention heads over a tensor-parallel degree, by instance kind: ``layers`` for
+whole layers per device, ``heads`` for the heads split over the devices, ``padded`` for heads padded to a multiple
+of the degree as the Neuron compilers do; ``lmi validate`` sizes memory by it), ``check_files(config, options)``
+(what loading checks in the model's files before the weights, e.g. a draft tokenizer), ``LENGTH_KEY`` (the option
+bounding prompt + output, ``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see
+``Entry.step_loop``), ``loadable()`` (whether an explicit choice can load here, where that is less than what
+``auto`` asks) and ``AUTO_FAMILIES`` (the families whose LMI image makes ``auto`` pick it, where fewer than
+``INSTANCE_FAMILIES``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
 """
 
 from __future__ import annotations
 
-import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from ..config import HandlerConfig
+from ..adapters import AdapterRule
 from ..errors import ConfigError
 from . import hf, neuronx, scripted, vllm
 from .base import ANY_FAMILY, Backend
-
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -50,12 +53,13 @@ class Entry:
     keys: frozenset[str]
     available: Callable[[], "str | None"]
     instance_families: tuple[str, ...]
-    load: Callable[[HandlerConfig], Backend]
+    #: ``load(deployment)``: the backend, loaded by the deployment's settings and options.
+    load: Callable[[Any], Backend]
     #: The load plan; None for a backend without one (nothing to size or refuse beyond its options).
     plan: Callable[..., Any] | None = None
     #: What loading checks in the model's files before the weights load (``check_files(config, options)``), which
     #: ``lmi validate`` runs too; None: nothing beyond the options.
-    check_files: Callable[[HandlerConfig, Any], None] | None = None
+    check_files: Callable[[Any, Any], None] | None = None
     #: Whether ``option.backend=auto`` may pick it (in the table's order).
     auto: bool = True
     #: Whether it loads a model (``lmi validate`` sizes its weights and KV cache).
@@ -70,6 +74,12 @@ class Entry:
     loadable: Callable[[], "str | None"] | None = None
     #: The instance families on which ``auto`` picks it; None: all of ``instance_families``.
     auto_families: tuple[str, ...] | None = None
+    #: The ``option.rolling_batch`` values that select it.
+    rolling_batch: tuple[str, ...] = ()
+    #: How it serves LoRA adapters; None: it serves none.
+    adapters: AdapterRule | None = None
+    #: How it spreads attention heads over a tensor-parallel degree, by instance kind (gpu, neuron).
+    head_layout: Mapping[str, str] = field(default_factory=dict)
 
     def options(self, props: Mapping[str, Any]) -> Any:
         """Its typed options; raises ``ConfigError``."""
@@ -91,7 +101,9 @@ def entry(package: ModuleType, *, auto: bool = True) -> Entry:
                  needs_model=getattr(package, "NEEDS_MODEL", True),
                  length_key=getattr(package, "LENGTH_KEY", "max_model_len"),
                  step_loop=getattr(package, "STEP_LOOP", None), loadable=getattr(package, "loadable", None),
-                 auto_families=getattr(package, "AUTO_FAMILIES", None))
+                 auto_families=getattr(package, "AUTO_FAMILIES", None),
+                 rolling_batch=tuple(getattr(package, "ROLLING_BATCH", ())),
+                 adapters=getattr(package, "ADAPTERS", None), head_layout=dict(getattr(package, "HEAD_LAYOUT", {})))
 
 
 #: Every backend, in the order ``auto`` asks them.
@@ -100,16 +112,23 @@ BACKENDS: dict[str, Entry] = {e.name: e for e in (entry(vllm), entry(neuronx), e
 NAMES = ("auto", *BACKENDS)
 
 
-def choose(name: str) -> Entry:
-    """The backend ``option.backend=name`` means on this machine: ``auto`` is the first that is available."""
+def choose(name: str) -> tuple[Entry, str]:
+    """The backend ``option.backend=name`` means on this machine, and why: ``auto`` is the first that is available; a
+    named one must be able to load here (refused before any download from the hub)."""
     if name != "auto":
-        return BACKENDS[name]
+        chosen = BACKENDS[name]
+        reason = (chosen.loadable or chosen.available)()
+        if reason is not None:
+            here = [e.name for e in BACKENDS.values() if e.auto and e.name != name and e.available() is None]
+            hint = f"; to run this model directory here, set option.backend={' or '.join(here)} (or auto)" if here \
+                else ""
+            raise ConfigError("backend", name, reason + hint)
+        return chosen, "it loads here"
     reasons = []
     for candidate in (e for e in BACKENDS.values() if e.auto):
         reason = candidate.available()
         if reason is None:
-            logger.info("option.backend=auto: %s%s", candidate.name, f" (not {'; not '.join(reasons)})" if reasons else "")
-            return candidate
+            return candidate, "the first available here" + (f" (not {'; not '.join(reasons)})" if reasons else "")
         reasons.append(f"{candidate.name}: {reason}")
     raise ConfigError("backend", name, f"no backend can run on this machine: {'; '.join(reasons)}")
 
@@ -129,12 +148,3 @@ def hosts(family: str) -> list[str]:
     """The backends ``auto`` may pick that run on ``family``, for hints."""
     return [e.name for e in BACKENDS.values() if e.runs_on(family) and e.auto]
 
-
-def load_backend(config: HandlerConfig) -> Backend:
-    chosen = choose(config.backend)
-    reason = (chosen.loadable or chosen.available)()
-    if reason is not None:  # refused before any download from the hub
-        here = [e.name for e in BACKENDS.values() if e.auto and e.name != chosen.name and e.available() is None]
-        hint = f"; to run this model directory here, set option.backend={' or '.join(here)} (or auto)" if here else ""
-        raise ConfigError("backend", config.backend, reason + hint)
-    return chosen.load(config)

@@ -21,7 +21,7 @@ is the one it would get alone.
   whatever else is in the batch.
 * Only rows whose top-k or top-p cuts something off sort their logits (top-p needs them in order); the others
   draw in vocabulary order: sorting a vocabulary's logits costs about as much as the model's whole decode step
-  on a CPU (docs/optimizations.md, "Measured figures"). Which way a row goes depends on its own parameters only.
+  on a CPU (docs/engine.md, "Figures"). Which way a row goes depends on its own parameters only.
 
 ``log_prob`` is the log-softmax of the model's logits at the chosen token, before bias, penalties and temperature
 (vLLM's default ``logprobs_mode``, ``raw_logprobs``); a constrained row's are those of its grammar's masked

@@ -63,8 +63,8 @@ def available() -> str | None:
     return None
 
 
-def load(config: HandlerConfig) -> "ScriptedBackend":
-    return ScriptedBackend(config)
+def load(deployment: Any) -> "ScriptedBackend":
+    return ScriptedBackend(deployment.config, deployment.options)
 
 
 class ScriptedTokenizer:
@@ -91,10 +91,8 @@ class ScriptedBackend:
     name = "scripted"
     kv = None
     chunked_prefill = False
-    option_keys = KEYS
 
-    def __init__(self, config: HandlerConfig):
-        options = Options.from_properties(config.properties)
+    def __init__(self, config: HandlerConfig, options: Options):
         self.tokenizer = ScriptedTokenizer()
         self.script = [b + OFFSET for b in options.text.encode("utf-8")]
         self.step_delay = options.step_delay_ms / 1000

@@ -14,6 +14,7 @@ naming the field and the library's reason before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from dataclasses import dataclass
@@ -40,13 +41,19 @@ class Constraint:
     whitespace: str | None = None
     #: ``json_object`` without a schema: any object, which nothing bounds, so finishing is best effort.
     any_object: bool = False
+    #: What the grammar allows before the constraint starts: a reasoning model's reasoning (``reasoning.py``).
+    lead: str | None = None
 
     @property
     def schema(self) -> Any:
         return json.loads(self.spec) if self.kind == "json" else None
 
     def grammar(self) -> str:
-        """The constraint as an llguidance grammar."""
+        """The constraint as an llguidance grammar (after ``lead``, where there is one)."""
+        if self.lead is not None:
+            from .reasoning import after_reasoning
+
+            return after_reasoning(dataclasses.replace(self, lead=None).grammar(), self.lead)
         from llguidance import LLMatcher
 
         if self.kind == "json":
@@ -147,8 +154,8 @@ def from_guided(values: Mapping[str, Any], prefix: str = "") -> Constraint | Non
     """LMI's ``guided_json`` / ``guided_regex`` / ``guided_choice`` (at most one), in ``values``."""
     sent = [name for name in GUIDED_FIELDS[:3] if values.get(name) is not None]
     whitespace = values.get("guided_whitespace_pattern")
-    if whitespace is not None and (not isinstance(whitespace, str) or not whitespace):
-        raise invalid_field(prefix + "guided_whitespace_pattern", whitespace, "expected a regex (a non-empty string)")
+    if whitespace is not None:  # compiled on its own first, so that a bad pattern is blamed on its own field
+        regex(prefix + "guided_whitespace_pattern", whitespace)
     if len(sent) > 1:
         raise InvalidRequest(f"{prefix}{sent[1]}: only one of {', '.join(prefix + n for n in GUIDED_FIELDS[:3])} "
                              f"may be sent, got {', '.join(prefix + n for n in sent)}", field=prefix + sent[1])

@@ -27,8 +27,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from ..config import ConfigError, parse_bool, parse_choice
-from ..errors import InvalidRequest, invalid_field
+from ..errors import ConfigError, InvalidRequest, invalid_field
+from ..values import parse_bool, parse_choice
 from .constraint import Constraint, checked
 
 PARSERS = ("hermes", "llama3_json")
@@ -91,9 +91,13 @@ class ToolCalling:
             index = self.names.index(self.choice)
             return checked(Constraint("json", compact_json(_parameters(self.functions[index])),
                                       f"tools[{index}].function.parameters"))
-        calls = [{"type": "object", "properties": {"name": {"const": f["name"]}, "arguments": _parameters(f)},
+        # Each function's parameters move to the root's $defs, under its name, with their local references
+        # ("#/$defs/City", "#") rebased there: pydantic's schemas refer to their own $defs.
+        calls = [{"type": "object", "properties": {"name": {"const": f["name"]},
+                                                   "arguments": {"$ref": f"#/$defs/{f['name']}"}},
                   "required": ["name", "arguments"], "additionalProperties": False} for f in self.functions]
-        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1}
+        schema = {"type": "array", "items": {"anyOf": calls}, "minItems": 1,
+                  "$defs": {f["name"]: rebased(_parameters(f), f"#/$defs/{f['name']}") for f in self.functions}}
         if not self.parallel:
             schema["maxItems"] = 1
         return checked(Constraint("json", compact_json(schema), "tools"))
@@ -206,6 +210,31 @@ class CallReader:
 
 def _parameters(function: Mapping[str, Any]) -> Any:
     return function.get("parameters") or {"type": "object", "properties": {}}
+
+
+#: Keywords whose values are data, not schemas: a "$ref" key inside them is not a reference.
+_DATA_KEYWORDS = ("const", "enum", "default", "examples")
+#: Keywords whose values map names (which may be any word, "default" too) to schemas.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def rebased(schema: Any, base: str) -> Any:
+    """``schema`` moved to the JSON pointer ``base`` of a larger document: its local references ("#", "#/...")
+    point into ``base``. Object keys are pointer-safe (function names hold no "/" or "~"); only object paths are
+    used, which every grammar library resolves (xgrammar does not index arrays)."""
+    if isinstance(schema, list):
+        return [rebased(item, base) for item in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and value.startswith("#"):
+            out[key] = base + value[1:]
+        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: rebased(sub, base) for name, sub in value.items()}
+        else:
+            out[key] = value if key in _DATA_KEYWORDS else rebased(value, base)
+    return out
 
 
 def compact_json(value: Any) -> str:

@@ -27,6 +27,8 @@ class Api(str, enum.Enum):
     TGI = "tgi"
     OPENAI_COMPLETIONS = "openai-completions"
     OPENAI_CHAT = "openai-chat"
+    #: ``/v1/embeddings``: one vector per request, no tokens generated (``lmi bench`` counts embeddings per second).
+    OPENAI_EMBEDDINGS = "openai-embeddings"
 
 
 @dataclass
@@ -114,7 +116,15 @@ def read_lmi_object(answer: Answer, obj: Any, now: float) -> None:
     _lmi_details(answer, details)
 
 
+def _is_vector(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(
+        isinstance(x, (int, float)) and not isinstance(x, bool) for x in value)
+
+
 def read_lmi_body(answer: Answer, obj: Any, now: float) -> None:
+    if _is_vector(obj) or (isinstance(obj, list) and obj and all(_is_vector(v) for v in obj)):
+        answer.text, answer.output_tokens = json.dumps(obj), 0  # an embedding model's answer: its vectors
+        return
     if isinstance(obj, list) and len(obj) == 1:  # TGI's `/` route and LMI's tgi_compat answer with a list
         obj = obj[0]
     message = error_message(obj)
@@ -163,7 +173,23 @@ def read_openai_body(answer: Answer, obj: Any, now: float) -> None:
     _openai_usage(answer, obj)
 
 
+def read_embeddings_body(answer: Answer, obj: Any, now: float) -> None:
+    """An embeddings answer: its vectors are the answer; the input's tokens come from ``usage``."""
+    message = error_message(obj)
+    if message is not None or not isinstance(obj, dict) or not isinstance(obj.get("data"), list) or not obj["data"]:
+        answer.fail(message or f"unexpected answer {json.dumps(obj)[:200]}")
+        return
+    answer.text, answer.output_tokens = "", 0
+    usage = obj.get("usage")
+    answer.input_tokens = _int(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
+
+
+def _not_streamed(answer: Answer, obj: Any, now: float) -> None:
+    answer.fail("embeddings are answered whole, not streamed: send --no-stream")
+
+
 READERS = {Api.LMI: (read_lmi_object, read_lmi_body), Api.SAGEMAKER: (read_lmi_object, read_lmi_body),
            Api.TGI: (read_lmi_object, read_lmi_body),
            Api.OPENAI_COMPLETIONS: (read_openai_object, read_openai_body),
-           Api.OPENAI_CHAT: (read_openai_object, read_openai_body)}
+           Api.OPENAI_CHAT: (read_openai_object, read_openai_body),
+           Api.OPENAI_EMBEDDINGS: (_not_streamed, read_embeddings_body)}

@@ -3,7 +3,8 @@
 * ``lmi`` / ``sagemaker``: ``{"inputs", "parameters", "stream"}``, with ``details`` for the token counts;
 * ``tgi``: the same without ``ignore_eos``; the path (``/generate`` or ``/generate_stream``) chooses streaming;
 * ``openai-completions`` / ``openai-chat``: ``prompt`` or ``messages``, ``max_tokens``, and
-  ``stream_options.include_usage`` when streaming.
+  ``stream_options.include_usage`` when streaming;
+* ``openai-embeddings``: ``input`` (one text per request: requests per second are embeddings per second).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def build_body(api: Api, prompt: str, shape: RequestShape) -> dict[str, Any]:
                                 "parameters": {"max_new_tokens": shape.max_new_tokens, "details": True, **eos}}
         if shape.stream:
             body["stream"] = True
+    elif api is Api.OPENAI_EMBEDDINGS:
+        body = {"input": prompt, **({"model": shape.model} if shape.model else {})}
     elif api is Api.TGI:  # the path (/generate or /generate_stream) chooses streaming
         body = {"inputs": prompt, "parameters": {"max_new_tokens": shape.max_new_tokens, "details": True}}
     else:

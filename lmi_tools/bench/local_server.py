@@ -51,10 +51,11 @@ class LocalServer:
         """The URL of this server that speaks ``api`` (``lmi`` when None)."""
         sagemaker = "invocations" if stream is False else "invocations-response-stream"
         paths = {None: f"/predictions/{self.name}", Api.LMI: f"/predictions/{self.name}",
-                 Api.SAGEMAKER: f"/endpoints/{self.name}/{sagemaker}", Api.OPENAI_CHAT: "/v1/chat/completions"}
+                 Api.SAGEMAKER: f"/endpoints/{self.name}/{sagemaker}", Api.OPENAI_CHAT: "/v1/chat/completions",
+                 Api.OPENAI_EMBEDDINGS: "/v1/embeddings"}
         if api not in paths:
             raise UsageError(f"--serve: lmi serve does not speak --api {api.value if api else api}",
-                             hint="use --api lmi, sagemaker or openai-chat with --serve")
+                             hint="use --api lmi, sagemaker, openai-chat or openai-embeddings with --serve")
         return self.base + paths[api]
 
     def __enter__(self) -> "LocalServer":

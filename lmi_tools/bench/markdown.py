@@ -10,6 +10,7 @@ ROWS: list[tuple[str, tuple[str, ...], str]] = [
     ("error rate", ("requests", "error_rate"), "pct"),
     ("wall time (s)", ("wall_s",), "num"),
     ("requests/min (RPM)", ("requests_per_minute",), "num"),
+    ("requests/s (embeddings/s with openai-embeddings)", ("requests_per_s",), "num"),
     ("tokens/min, in+out (TPM)", ("tokens_per_minute",), "int"),
     ("output tokens/min", ("output_tokens_per_minute",), "int"),
     ("output tokens/s", ("output_tokens_per_s",), "num"),

@@ -145,6 +145,7 @@ def throughput(ok: Sequence[RequestRecord], wall: float, tokens: dict[str, Any])
     both = inputs + outputs if inputs is not None and outputs is not None else None
     return {
         "requests_per_minute": per_minute(len(ok), wall),
+        "requests_per_s": len(ok) / wall if wall > 0 else None,
         "tokens_per_minute": per_minute(both, wall) if both is not None else None,
         "output_tokens_per_minute": per_minute(outputs, wall) if outputs is not None else None,
         "output_tokens_per_s": outputs / wall if outputs is not None and wall > 0 else None,
@@ -217,6 +218,7 @@ def summarize(log: RunLog, price_per_hour: float | None = None) -> dict[str, Any
 DEFINITIONS = {
     "wall_s": "T_wall = last end - first send over the measured requests (warm-up excluded), seconds",
     "requests_per_minute": "RPM = N_ok / T_wall * 60 (successful requests)",
+    "requests_per_s": "N_ok / T_wall: with --api openai-embeddings (one text per request), embeddings per second",
     "tokens_per_minute": "TPM = sum(in_i + out_i) / T_wall * 60 over successful requests (input AND output "
                          "tokens, the AWS inf2 example's method)",
     "output_tokens_per_minute": "sum(out_i) / T_wall * 60",

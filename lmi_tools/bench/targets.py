@@ -31,7 +31,7 @@ from ..answers.messages import Api
 from ..errors import ToolError, UsageError
 
 DEFAULT_PATHS = {Api.LMI: "/invocations", Api.OPENAI_COMPLETIONS: "/v1/completions",
-                 Api.OPENAI_CHAT: "/v1/chat/completions"}
+                 Api.OPENAI_CHAT: "/v1/chat/completions", Api.OPENAI_EMBEDDINGS: "/v1/embeddings"}
 SAGEMAKER_PATH = re.compile(r"^/endpoints/([^/]+)(/invocations(-response-stream)?)?/?$")
 AWS_RUNTIME_HOST = re.compile(r"^runtime\.sagemaker\.([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
 API_NAMES = ", ".join(a.value for a in Api)
@@ -67,6 +67,8 @@ def detect_api(path: str) -> Api | None:
         return Api.LMI
     if path.rstrip("/") in ("/generate", "/generate_stream"):
         return Api.TGI
+    if path.rstrip("/").endswith("/embeddings"):
+        return Api.OPENAI_EMBEDDINGS
     if path.rstrip("/").endswith("/chat/completions"):
         return Api.OPENAI_CHAT
     if path.rstrip("/").endswith("/completions"):
@@ -122,7 +124,7 @@ def parse_target(target: str, api: str | None = None, stream: bool | None = None
         streaming = _stream(path_says, stream, target)
         path = path or ("/generate_stream" if streaming else "/generate")
     else:
-        streaming = _stream(None, stream, target)
+        streaming = _stream(False if chosen is Api.OPENAI_EMBEDDINGS else None, stream, target)
         path = path or DEFAULT_PATHS[chosen]
     query = f"?{parts.query}" if parts.query else ""
     return BenchTarget(chosen, streaming, url=f"{parts.scheme}://{parts.netloc}{path}{query}")

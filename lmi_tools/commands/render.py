@@ -25,11 +25,14 @@ def new(out_dir: Path = typer.Argument(..., help="Model directory to create"),
     from ..modeldir.render import write_model_dir
     from ..modeldir.resources import preset_spec
     from ..modeldir.spec import load_spec
+    from ..outputs import check_writable
 
     source = preset_spec(preset)
     spec_file = spec_file or out_dir / "spec.toml"
     if spec_file.exists() and not force:
         raise UsageError(f"{spec_file} already exists", hint="pass --force to overwrite it, or --spec elsewhere")
+    check_writable(out_dir, folder=True)
+    check_writable(spec_file, hint="give --spec a file to write")
     written = write_model_dir(load_spec(source), out_dir, f"preset {preset}", force, spec_file)
     spec_file.parent.mkdir(parents=True, exist_ok=True)
     spec_file.write_bytes(source.read_bytes())

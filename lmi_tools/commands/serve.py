@@ -13,6 +13,10 @@ def register(app: typer.Typer) -> None:
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+#: What makes a directory servable without serving.properties, as DJLServing serves it: its own entry point, or a
+#: model's config.json (the handler then loads the directory itself).
+SERVABLE = ("serving.properties", "model.py", "config.json")
 
 
 def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME=]DIR); the name defaults to the "
@@ -55,10 +59,13 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
 
     from ..errors import UsageError
     from ..serving.app import INFERENCE, MANAGEMENT, create_app, listen, serve as run
-    from ..serving.store import ModelStore, ServerConfig, model_path_for
+    from ..serving.store import ModelStore, ServerConfig
 
     if engine not in ("auto", "lmi", "djl"):
         raise UsageError(f"--engine {engine!r} is not one of auto, lmi, djl")
+    if log_level.lower() not in LOG_LEVELS:
+        raise UsageError(f"--log-level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
+    log_level = log_level.lower()
     for name, value in (("--job-queue-size", job_queue_size), ("--read-timeout", read_timeout),
                         ("--max-header-bytes", max_header_bytes), ("--drain-timeout", drain_timeout)):
         if value is not None and value <= 0:
@@ -88,7 +95,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
                          f"{management_host}): one port serves both APIs only on one listener",
                          hint=f"pass --management-host {host} too (one listener, as DJLServing's default), or another "
                               "--management-port")
-    names = [_model_name(spec) for spec in models]
+    targets = _targets(models)  # every mistake in them refused before a socket or a worker exists
     _warn_exposed(host, management_host, model_url_pattern)
     one_listener = (management_host, management_port) == (host, port)
     sockets = [listen(host, port)]
@@ -100,16 +107,14 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
             raise
     store = ModelStore(config)
     store.one_at_a_time = one_at_a_time
-    for i, spec in enumerate(models):
-        path = Path(model_path_for(spec))
-        if not path.is_dir():
-            raise UsageError(f"model directory {path} does not exist",
-                             hint="give a directory with serving.properties (lmi new / lmi render make one)")
-        try:
-            store.offer(names[i], str(path), load=i == 0 or not one_at_a_time)
-        except ValueError as exc:
-            store.close()
+    try:
+        for i, (name, path) in enumerate(targets):
+            store.offer(name, str(path), load=i == 0 or not one_at_a_time)
+    except BaseException as exc:  # no worker started for an earlier model outlives a failed start
+        store.close()
+        if isinstance(exc, ValueError):  # a bad number in a serving.properties
             raise UsageError(str(exc)) from None
+        raise
     if one_listener:
         listeners = [(create_app(store), sockets[0])]
     else:
@@ -121,6 +126,34 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         run(listeners, log_level)
     finally:  # however the server ends (a listener that fails to start too), no worker process outlives it
         store.close()
+
+
+def _targets(specs: list[str]) -> list[tuple[str, Path]]:
+    """(name, directory) of each ``[NAME=]DIR`` argument; a name given twice, or a directory that is missing, is a
+    file or has nothing to serve, is refused."""
+    from ..errors import UsageError
+    from ..serving.store import model_path_for, model_properties
+
+    hint = "give a model directory: serving.properties (lmi new / lmi render write one) and the model or model.py"
+    targets: dict[str, tuple[str, Path]] = {}
+    for spec in specs:
+        name, where = _model_name(spec), model_path_for(spec)
+        if name in targets:
+            raise UsageError(f"the model name {name} is given twice ({targets[name][0]} and {spec})",
+                             hint="give each model its own name: NAME=DIR")
+        path = Path(where)
+        if not where:
+            raise UsageError(f"model {spec!r} names no directory after '='", hint=hint)
+        if path.is_file():
+            raise UsageError(f"{path} is a file, not a model directory", hint=hint)
+        if not path.is_dir():
+            raise UsageError(f"model directory {path} does not exist", hint=hint)
+        props = model_properties(path)
+        if not any((path / entry).is_file() for entry in SERVABLE) and not {"model_id", "entryPoint"} & props.keys():
+            raise UsageError(f"{path} has nothing to serve: no {', '.join(SERVABLE[:-1])} or {SERVABLE[-1]}, and no "
+                             "OPTION_MODEL_ID or OPTION_ENTRYPOINT in the environment", hint=hint)
+        targets[name] = (spec, path)
+    return [(name, path) for name, (_, path) in targets.items()]
 
 
 def _model_name(spec: str) -> str:

@@ -16,9 +16,11 @@ def tiny_model(out_dir: Path = typer.Argument(..., help="Where to write the mode
     """Build a small Llama-family model with random weights and a locally trained tokenizer."""
     from ..errors import UsageError
     from ..models.tiny import PRESETS, build_tiny_model
+    from ..outputs import check_writable
 
     if preset not in PRESETS:
         raise UsageError(f"unknown preset {preset!r}", hint=f"use one of {', '.join(PRESETS)}")
+    check_writable(out_dir, folder=True)
     typer.echo(f"building the {preset} model in {out_dir}: training a tokenizer, writing random weights "
                "(seconds for tiny, about a minute for bench-115m)", err=True)
     typer.echo(f"wrote {build_tiny_model(out_dir, preset)}")

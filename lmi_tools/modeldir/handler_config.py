@@ -1,27 +1,34 @@
-"""A model directory's properties as the handler reads them at its init call in the container: ``HandlerConfig``
-and the options no code reads.
+"""A model directory's properties as the handler reads them at its init call in the container: its settings and the
+options no code reads.
 
-The tooling never re-states the runtime's rules: this calls ``HandlerConfig.from_properties`` and
-``check_unknown_keys`` with what the container would give them, and the backend registry for the options each
-backend reads. ``lmi render``, ``lmi validate`` and ``lmi inspect`` all come through here.
+The tooling never re-states the runtime's rules: this calls the runtime's own resolver (``deployment.read_settings``:
+``HandlerConfig``, the tool-call and LoRA options, the backend asked for) and ``check_unknown_keys`` with what the
+container would give them, and the backend registry for the options each backend reads. ``lmi render``,
+``lmi validate`` and ``lmi inspect`` all come through here.
 """
 
 from __future__ import annotations
 
-import logging
-from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Mapping, Sequence
 
 from lmi_handlers.backends.registry import BACKENDS, for_instance
-from lmi_handlers.config import HandlerConfig, check_unknown_keys
-from lmi_handlers.structured.tools import ToolOptions
+from lmi_handlers.config import check_unknown_keys
+from lmi_handlers.deployment import Settings, read_settings
+from lmi_handlers.mode import Image
 
 #: Where SageMaker and `docker run -v` put the model directory inside the container.
 CONTAINER_MODEL_DIR = "/opt/ml/model"
 
 
-def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
-    """``HandlerConfig`` as the handler builds it in the container; raises ``ConfigError``."""
+def settings(props: Mapping[str, str], model_dir: str, image: Image | None = None,
+             architectures: Sequence[str] | None = None) -> Settings:
+    """The handler's settings as it reads them in the container, under the mode ``image`` runs the model in
+    (``deployment.read_settings``); raises ``ConfigError``."""
+    return read_settings(container_properties(props, model_dir), image, architectures)
+
+
+def container_properties(props: Mapping[str, str], model_dir: str) -> dict[str, str]:
+    """The init properties the container gives the handler for a model directory at ``model_dir``."""
     props = {**props, "model_dir": model_dir}
     model_id = props.get("model_id", "")
     if model_id.startswith("s3://"):
@@ -29,10 +36,7 @@ def handler_config(props: Mapping[str, str], model_dir: str) -> HandlerConfig:
     elif model_id == CONTAINER_MODEL_DIR or model_id.startswith(CONTAINER_MODEL_DIR + "/"):
         # the container's own path to the model directory: here, that directory is model_dir
         props["model_id"] = model_dir + model_id[len(CONTAINER_MODEL_DIR):]
-    with quiet("lmi_handlers.config"):
-        config = HandlerConfig.from_properties(props)
-    ToolOptions.from_properties(props)  # the handler reads these at load too
-    return config
+    return props
 
 
 def backend_option_keys(backend: str, family: str | None = None) -> frozenset[str]:
@@ -45,16 +49,4 @@ def backend_option_keys(backend: str, family: str | None = None) -> frozenset[st
 
 def ignored_options(props: Mapping[str, str], backend: str, family: str | None = None) -> list[str]:
     """One message per option nobody reads (the runtime's own did-you-mean warnings)."""
-    with quiet("lmi_handlers.config"):
-        return check_unknown_keys(props, backend_option_keys(backend, family))
-
-
-@contextmanager
-def quiet(logger_name: str) -> Iterator[None]:
-    """Silence a runtime logger whose warnings we report ourselves."""
-    logger = logging.getLogger(logger_name)
-    previous, logger.disabled = logger.disabled, True
-    try:
-        yield
-    finally:
-        logger.disabled = previous
+    return check_unknown_keys(props, backend_option_keys(backend, family))

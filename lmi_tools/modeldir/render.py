@@ -16,7 +16,8 @@ import jinja2
 from lmi_handlers.config import ConfigError, HandlerConfig
 
 from ..errors import ToolError, UsageError
-from .handler_config import handler_config, ignored_options
+from ..outputs import check_writable
+from .handler_config import ignored_options, settings
 from .properties import format_value, init_properties, parse_properties
 from .resources import TEMPLATES, resource_dir
 from .spec import DeploySpec
@@ -48,7 +49,8 @@ def render_files(spec: DeploySpec, source: str, rerender: str = "") -> dict[str,
     env = environment()
     context = {
         "spec": spec, "source": source, "rerender": rerender.encode("ascii", "backslashreplace").decode(),
-        "backend": spec.resolved_backend, "positions_key": spec.positions_key,
+        "backend": spec.resolved_backend, "positions_key": spec.positions_key, "image": str(spec.target_image),
+        "async_mode": spec.resolved_async_mode,
         "options": sorted(spec.options.items()), "server": sorted(spec.server.items()),
     }
     try:
@@ -61,13 +63,13 @@ def parse_rendered(text: str, model_dir: Path) -> HandlerConfig:
     """The rendered properties as the handler will parse them; unknown keys are an error here."""
     props = init_properties(parse_properties(text))
     try:
-        config = handler_config(props, str(model_dir))
+        read = settings(props, str(model_dir))
     except ConfigError as exc:
         raise ToolError(f"the rendered serving.properties would not load: {exc}") from None
-    unknown = ignored_options(props, config.backend)
+    unknown = ignored_options(props, read.requested)
     if unknown:
         raise ToolError(f"the rendered serving.properties has options the runtime ignores: {'; '.join(unknown)}")
-    return config
+    return read.config
 
 
 def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: bool = False,
@@ -81,6 +83,7 @@ def write_model_dir(spec: DeploySpec, out_dir: str | Path, source: str, force: b
     existing = [name for name in files if (out / name).exists()]
     if existing and not force:
         raise UsageError(f"{out} already has {', '.join(existing)}", hint="pass --force to overwrite them")
+    check_writable(out, folder=True)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in files.items():

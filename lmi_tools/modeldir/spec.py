@@ -17,10 +17,14 @@ from typing import Any, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from lmi_handlers.backends.registry import BACKENDS, NAMES, for_instance
-from lmi_handlers.config import DTYPE_NAMES, HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.config import HANDLER_KEYS, INT_OPTIONS, OUTPUT_FORMATTERS, SERVER_KEYS
+from lmi_handlers.dtypes import NAMES as DTYPE_NAMES
+
+from lmi_handlers.mode import Image, serving_mode
 
 from ..errors import UsageError
 from ..instances import INSTANCES, lookup
+from .image import default_image, parse_image
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -40,7 +44,7 @@ FIELD_OPTIONS = frozenset({
     "model_id", "backend", "tensor_parallel_degree", "n_positions", "max_model_len", "dtype", "rolling_batch",
     "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "batch_size", "model_loading_timeout",
     "predict_timeout", "output_formatter", "max_new_tokens", "quantize", "trust_remote_code", "revision",
-    "entryPoint", "engine", "max_batch_delay",
+    "entryPoint", "engine", "max_batch_delay", "async_mode",
 })
 OptionValue = Union[bool, int, float, str, list[int]]
 UNSET: Any = object()
@@ -106,6 +110,11 @@ class DeploySpec(BaseModel):
     options: dict[str, OptionValue] = Field(default_factory=dict)
     #: Extra model-server keys (e.g. ``job_queue_size = 100``).
     server: dict[str, OptionValue] = Field(default_factory=dict)
+    #: The LMI image the directory targets, ``<line>:<DJL version>`` (``djl-lmi:0.36.0``); unset: the instance's
+    #: default (``lmi_tools/modeldir/image.py``). Written as ``# lmi: image=``.
+    image: str | None = None
+    #: DJL's async mode (``option.async_mode``): unset, what that image runs an LLM in by default.
+    async_mode: bool | None = None
     #: Lines of the rendered requirements.txt (DJLServing pip-installs it when a worker starts).
     requirements: list[str] = Field(default_factory=list)
 
@@ -134,6 +143,9 @@ class DeploySpec(BaseModel):
     def _consistent(self) -> "DeploySpec":
         if self.rolling_batch and self.batch_size > 1:
             raise ValueError("batch_size > 1 (dynamic batching) cannot be combined with rolling_batch = true")
+        if self.async_mode and self.batch_size > 1:
+            raise ValueError("batch_size > 1 (dynamic batching) cannot be combined with async_mode = true, where "
+                             "DJLServing sends each request on its own and the handler's engine batches them")
         instance = lookup(self.instance_type)
         backend = BACKENDS[self.resolved_backend]
         if not backend.runs_on(instance.family):
@@ -151,6 +163,19 @@ class DeploySpec(BaseModel):
     @property
     def resolved_backend(self) -> str:
         return for_instance(self.backend, lookup(self.instance_type).family).name
+
+    @property
+    def target_image(self) -> Image:
+        family = lookup(self.instance_type).family
+        return parse_image(self.image) if self.image else default_image(family, {"backend": self.resolved_backend})
+
+    @property
+    def resolved_async_mode(self) -> bool:
+        """``async_mode``, else what the image runs an LLM with these batching settings in by default."""
+        if self.async_mode is not None:
+            return self.async_mode
+        batching = {"batch_size": str(self.batch_size)}
+        return serving_mode(batching, self.target_image, ["ForCausalLM"]).asynchronous
 
     @property
     def positions_key(self) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import ToolError, UsageError
+from ..outputs import check_writable
 
 MARKER = "gguf_source.json"
 INSTALL_GGUF = "pip install 'lmi-handlers[gguf]'  (or: pip install gguf accelerate)"
@@ -63,6 +64,7 @@ def convert_gguf(gguf: str | Path, out_dir: str | Path, say: Callable[[str], Non
     if converted_from(out_dir) == source:
         say(f"{out_dir} is up to date (converted from {gguf.name})")
         return out_dir
+    check_writable(out_dir, folder=True)
     if out_dir.exists() and any(out_dir.iterdir()) and converted_from(out_dir) is None:
         raise UsageError(f"{out_dir} exists and is not a directory converted by lmi",
                          hint="give an empty or new directory")

@@ -3,8 +3,9 @@
 Members are read from the archive into memory; nothing is written to disk. A member with an
 absolute path, a ``..`` component, a link that points outside the archive, a path through a link member, or a
 device/FIFO type is a problem, and so is a name held twice: ``unpack`` refuses such archives outright, before
-extracting anything. A truncated or corrupt archive, and one whose members declare more than ``MAX_EXPANSION``
-times its size (a compression bomb), are usage errors, never a traceback or minutes of expanding. The checks:
+extracting anything. A truncated or corrupt archive, one whose members declare more than ``MAX_EXPANSION``
+times its size (a compression bomb), and one of more than ``MAX_MEMBERS`` members are usage errors, never a traceback
+or minutes of expanding. The checks:
 ``serving.properties`` at the top and parseable by the runtime, the entry point resolvable inside the archive
 (``model.py`` is parsed, never imported), the vendored ``lmi_handlers`` version, credential-looking files, stray
 caches.
@@ -27,7 +28,7 @@ from lmi_handlers.config import ConfigError
 from ..errors import UsageError
 from ..modeldir.properties import init_properties, parse_directives, parse_properties
 from ..validation.entry_point import EntryPoint, resolve
-from ..modeldir.handler_config import CONTAINER_MODEL_DIR, handler_config, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options, settings
 from .credentials import reason_from_name, reason_from_stream, should_scan
 from .package import sha256_of
 
@@ -108,6 +109,11 @@ def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
     members, declared = [], 0
     try:
         while (member := tar.next()) is not None:
+            if len(members) == MAX_MEMBERS:
+                raise UsageError(f"{path} holds more than {MAX_MEMBERS:,} members: refusing it before reading the "
+                                 "rest (a model artifact holds hundreds at most)",
+                                 hint="list it with tar -tzf | head; ship a model directory's files, not a tree of "
+                                      "many small ones")
             declared += tarfile.BLOCKSIZE + member.size
             if declared > limit:
                 raise UsageError(f"{path} declares at least {declared:,} bytes unpacked from {packed:,} packed, more "
@@ -128,6 +134,9 @@ def read_members(tar: tarfile.TarFile, path: Path) -> list[tarfile.TarInfo]:
 MAX_EXPANSION = 100
 #: Below this many bytes unpacked any ratio passes (small archives of text and zero padding compress well).
 SMALL_ARCHIVE_BYTES = 64 * 1024**2
+#: Members an archive may hold: each costs memory and a check before anything is unpacked, so an archive of many
+#: empty members (which no size bound catches) is refused after this many headers.
+MAX_MEMBERS = 20_000
 #: The compressions tarfile reads, by their first bytes.
 COMPRESSIONS = {b"\x1f\x8b": "gzip", b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz"}
 
@@ -189,8 +198,9 @@ def _check_properties(report: ArtifactReport, files: dict, read) -> None:
     if not entry.ok:
         report.problems.append(f"entry point: {entry.detail}" + (f" ({entry.hint})" if entry.hint else ""))
     try:
-        config = handler_config(props, CONTAINER_MODEL_DIR)
-        backend = config.backend if family is None else for_instance(config.backend, family).name
+        read = settings(props, CONTAINER_MODEL_DIR)
+        config = read.config
+        backend = read.requested if family is None else for_instance(read.requested, family).name
         unknown = ignored_options(props, backend)
     except ConfigError as exc:
         if entry.own_handle:  # the model's own handle() reads its properties; lmi_handlers' rules do not apply

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from lmi_handlers.backends.registry import BACKENDS
-from lmi_handlers.config import HandlerConfig
+from lmi_handlers.deployment import resolve
 
 from ..errors import UsageError, ValidationFailed
 from ..instances import lookup
@@ -84,17 +84,17 @@ def compile_model_dir(model_dir: Path, instance: str | None, output: str = "comp
     if props.get("tensor_parallel_degree", "max") == "max":
         properties["tensor_parallel_degree"] = str(cores)  # what "max" becomes on a host with these cores
     on_step(f"compiling {model_dir} for {report.instance} into {artifacts}")
-    compile_s = _timed_load(backend.load, properties)
+    compile_s = _timed_load(properties)
     on_step(f"compiled and loaded in {compile_s:.1f} s; loading again from the artifacts")
-    reuse_s = _timed_load(backend.load, properties)
+    reuse_s = _timed_load(properties)
     if not present:
         _append_property(model_dir, output)
     return CompileResult(artifacts, sum(1 for _ in artifacts.iterdir()), compile_s, reuse_s)
 
 
-def _timed_load(load: Callable[[HandlerConfig], object], properties: dict) -> float:
+def _timed_load(properties: dict) -> float:
     started = time.perf_counter()
-    load(HandlerConfig.from_properties(properties))
+    resolve(properties).load()
     return time.perf_counter() - started
 
 

@@ -1,39 +1,55 @@
 """Files that look like credentials, so that ``lmi package`` never ships them inside an artifact.
 
 Two kinds of evidence: the file's name (``.aws/credentials``, ``id_rsa``, ``*.pem``, ``.netrc``, ...) and its
-content. The token formats are detect-secrets' own rules (Yelp's scanner: GitHub, GitLab, AWS, Slack, Stripe,
-OpenAI, PyPI, npm, SendGrid, Square, Azure storage keys, Discord bots, private keys, passwords in URLs), and ours
-cover what it does not know: Hugging Face tokens, AWS secret keys and session tokens assigned to their names, and
-``NAME_PASSWORD=value`` lines. Its rules that fire on ordinary model files are left out: high-entropy strings
-(weights and tokenizers are full of them), JSON web tokens, public IP addresses, the loosest vendor formats
-(Twilio, Mailchimp, Telegram, Artifactory, IBM, SoftLayer, Cloudant), and its keyword rule, which reads line by line
-(slow on a tokenizer's JSON) and flags ``api_key="unused"`` in client code.
+content, read with detect-secrets' rules (Yelp's scanner) and a few of ours:
 
-Every file is read whole, in overlapping blocks, except weights in formats that hold no text (``.safetensors``,
-``.gguf``, ...; a ``.bin`` when it is in one of torch's formats or over 256 MiB). In binary data only the stretches
-of text are searched. A gzip-compressed file is scanned as what it expands to, unless it expands as a compression
-bomb does (more than ``MAX_EXPANSION`` times its size): that is reported instead.
+* token formats, over every byte: detect-secrets' (GitHub, GitLab, AWS, Slack, Stripe, OpenAI, PyPI, npm, SendGrid,
+  Square, Azure storage keys, Discord bots, private keys, passwords in URLs) and ours for what it does not know
+  (Hugging Face tokens, AWS secret keys and session tokens assigned to their names, ``NAME_PASSWORD=value`` lines);
+* detect-secrets' line rules, on the lines that hold what they look for: ``KeywordDetector`` (``password: x`` in
+  YAML, ``secret_key = "..."`` in code, by the file's type), ``JwtTokenDetector`` (JSON web tokens whose header and
+  payload decode to JSON) and ``HexHighEntropyString`` (quoted hex strings of high entropy), each finding passed
+  through detect-secrets' own false-positive filters (templates, ``$VAR``, ids, sequences, UUIDs, calls). Its
+  base64 entropy rule and loosest vendor formats are left out: weights and tokenizers are full of such strings.
+
+Text is also read where it hides: UTF-16 text (every other byte NUL), base64 blobs (decoded, then read with the
+same rules), members of zip archives (one level inside another at most, each bounded like gzip), and the JSON
+header of a ``.safetensors`` file (its ``__metadata__``; the tensors hold no text).
+
+Every file is read whole, in overlapping blocks, except weights in formats that hold no text (``.gguf``, ...; a
+``.bin`` when it is in one of torch's formats or over 256 MiB). In binary data only the stretches of text are
+searched. A gzip-compressed file is scanned as what it expands to, unless it expands as a compression bomb does
+(more than ``MAX_EXPANSION`` times its size): that is reported instead.
 """
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import zipfile
 import zlib
 from functools import lru_cache
 from itertools import chain
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator
+from typing import Any, BinaryIO, Iterator
+
+from lmi_handlers.adapters import TORCH_MAGIC
+from lmi_handlers.safetensors_header import header_of
 
 SSH_KEYS = {"id_rsa", "id_dsa", "id_ecdsa", "id_ed25519"}
 CREDENTIAL_FILES = {".netrc", "_netrc", ".git-credentials", ".pgpass", ".pypirc", ".npmrc", ".dockercfg"}
 KEY_SUFFIXES = {".pem", ".key", ".p12", ".pfx", ".jks", ".keystore", ".ppk"}
-# Not scanned: weights and other large binary formats that hold no text.
-BINARY_SUFFIXES = {".safetensors", ".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".neff", ".h5", ".msgpack",
+# Not scanned: weights and other large binary formats that hold no text (a .safetensors file's header is read).
+BINARY_SUFFIXES = {".pt", ".pth", ".ckpt", ".gguf", ".onnx", ".neff", ".h5", ".msgpack",
                    ".npz", ".npy", ".model", ".tflite", ".pb", ".ot"}
-#: The first bytes of torch.save's files (a zip archive, or a pickle before torch 1.6): such a ``.bin`` is weights,
-#: and so is one larger than WEIGHTS_BIN_BYTES (raw tensors, compiled graphs); smaller ones are read.
-TORCH_MAGIC = (b"PK\x03\x04", b"\x80")
+#: A ``.bin`` that starts as torch.save's files do (``TORCH_MAGIC``) is weights, and so is one larger than this (raw
+#: tensors, compiled graphs); smaller ones are read.
 WEIGHTS_BIN_BYTES = 256 * 1024**2
+ZIP_MAGIC = b"PK\x03\x04"
+#: Members a zip archive may hold, and how deep zips inside zips are read, before it is reported unscanned.
+MAX_ZIP_MEMBERS = 10_000
+MAX_ZIP_DEPTH = 2
 GZIP_MAGIC = b"\x1f\x8b"
 BLOCK = 4 * 1024**2
 #: Carried from one block to the next, longer than any match the rules need to see whole.
@@ -125,8 +141,64 @@ def text_of(data: bytes) -> bytes:
     return b"\n".join(runs)
 
 
-def reason_from_content(relpath: str, data: bytes) -> str | None:
-    data = text_of(data)
+#: detect-secrets' plugins that read a line in its file's context (module, class).
+LINE_PLUGINS = [("keyword", "KeywordDetector"), ("jwt", "JwtTokenDetector"),
+                ("high_entropy_strings", "HexHighEntropyString")]
+#: detect-secrets' default false-positive filters (``detect_secrets.filters.heuristic``), with what each reads.
+FILTERS = {"is_sequential_string": "secret", "is_potential_uuid": "secret", "is_likely_id_string": "secret line plugin",
+           "is_templated_secret": "secret", "is_prefixed_with_dollar_sign": "secret", "is_indirect_reference": "line",
+           "is_lock_file": "filename", "is_not_alphanumeric_string": "secret", "is_swagger_file": "filename"}
+#: The most of a line around a candidate handed to the line plugins (a minified JSON file is one line).
+WINDOW = 500
+#: A quoted hex string the line calls a hash (a file's sha256, a commit, a revision) is one, not a secret.
+HASH_WORDS = re.compile(r"(?i)sha\d*|md5|hash|digest|checksum|commit|revision|etag|fingerprint|uuid|\bo?id\b")
+#: Base64 (or base64url) blobs long enough to hide a token; decoded and read with the same rules.
+BASE64 = re.compile(rb"[A-Za-z0-9+/_-]{20,}={0,2}")
+
+
+@lru_cache(maxsize=1)
+def line_plugins() -> tuple[list[Any], list[re.Pattern[bytes]]]:
+    """detect-secrets' line plugins, and what a line must hold, lowercased, for any of them to find something in it:
+    one of ``KeywordDetector``'s words, a JWT's start, or a quoted string of hex digits (three searches: one
+    pattern of all three reads a tokenizer's JSON several times slower)."""
+    from importlib import import_module
+
+    from detect_secrets.plugins.keyword import DENYLIST
+
+    plugins = [getattr(import_module(f"detect_secrets.plugins.{module}"), name)() for module, name in LINE_PLUGINS]
+    words = "|".join(DENYLIST).encode("utf-8")  # regular expressions already ("api_?key")
+    return plugins, [re.compile(words), re.compile(rb"eyj"), re.compile(rb"[\"'][0-9a-f]{8,}[\"']")]
+
+
+def _filtered(filename: str, line: str, secret: str, plugin: Any) -> bool:
+    from detect_secrets.filters import heuristic
+
+    if type(plugin).__name__ == "HexHighEntropyString" and HASH_WORDS.search(line):
+        return True
+    values = {"secret": secret, "line": line, "plugin": plugin, "filename": filename}
+    return any(getattr(heuristic, name)(*(values[arg] for arg in args.split())) for name, args in FILTERS.items())
+
+
+def line_rule_reason(relpath: str, data: bytes) -> str | None:
+    """What detect-secrets' line plugins find in ``data`` (text), past its filters."""
+    plugins, searches = line_plugins()
+    lowered = data.lower()
+    end = -1
+    for start, stop in sorted(m.span() for search in searches for m in search.finditer(lowered)):
+        if start < end:
+            continue  # read with the previous candidate's line
+        begin = max(data.rfind(b"\n", 0, start) + 1, start - WINDOW)
+        end = data.find(b"\n", stop)
+        end = min(len(data) if end < 0 else end, stop + WINDOW)
+        line = data[begin:end].decode("utf-8", "replace")
+        for plugin in plugins:
+            if any(not _filtered(relpath, line, str(found.secret_value), plugin)
+                   for found in plugin.analyze_line(filename=relpath, line=line)):
+                return f"what detect-secrets' {type(plugin).__name__} takes for a secret ({plugin.secret_type})"
+    return None
+
+
+def _reason_in_text(relpath: str, data: bytes) -> str | None:
     for pattern, what in token_rules():
         if pattern.search(data):
             return f"it contains {what}"
@@ -136,6 +208,49 @@ def reason_from_content(relpath: str, data: bytes) -> str | None:
         line_start = data.rfind(b"\n", 0, match.start()) + 1
         if ASSIGNED_NAME.fullmatch(data, line_start, match.start()):
             return "it assigns a password or secret (NAME_PASSWORD=value)"
+    found = line_rule_reason(relpath, data)
+    return f"it contains {found}" if found else None
+
+
+def utf16_text(data: bytes) -> bytes | None:
+    """The text of ``data`` when it is UTF-16 (every other byte NUL, from its first 4 KiB), one byte a character
+    (secrets are ASCII); else None."""
+    sample = data[:4096]
+    half = len(sample) // 2
+    if half < 16:
+        return None
+    for chars, nuls in ((0, 1), (1, 0)):
+        if sample[nuls::2].count(0) >= 0.9 * half and sample[chars::2].count(0) < 0.1 * half:
+            return data[chars::2]
+    return None
+
+
+def base64_text(data: bytes) -> bytes:
+    """The base64 blobs of ``data``, decoded, as one text (its stretches of text, one blob a line)."""
+    decoded = []
+    for match in BASE64.finditer(data):
+        blob = match.group().rstrip(b"=").replace(b"-", b"+").replace(b"_", b"/")
+        if len(blob) % 4 == 1:  # no base64 ends so; one stray character more
+            blob = blob[:-1]
+        try:
+            decoded.append(base64.b64decode(blob + b"=" * (-len(blob) % 4)))
+        except ValueError:
+            continue
+    return text_of(b"\n".join(decoded))
+
+
+def reason_from_content(relpath: str, data: bytes) -> str | None:
+    """Why ``data`` (a block of the file ``relpath``) looks like a credential: in its text, its UTF-16 text, or
+    the base64 blobs in either; None when nothing does."""
+    for text in (text_of(data), utf16_text(data)):
+        if text is None:
+            continue
+        reason = _reason_in_text(relpath, text)
+        if reason is None:
+            reason = _reason_in_text(relpath, base64_text(text))
+            reason = reason and f"{reason}, base64-encoded"
+        if reason:
+            return reason
     return None
 
 
@@ -172,15 +287,23 @@ def _expanded(first: bytes, stream: BinaryIO) -> Iterator[bytes]:
                     yield data
 
 
-def reason_from_stream(relpath: str, stream: BinaryIO, size: int = 0) -> str | None:
-    """``reason_from_content`` over a file of any size, read in overlapping blocks; a gzip file is read expanded.
-    ``size`` is the file's, where known: a ``.bin`` that large is weights."""
-    is_bin = PurePosixPath(relpath).suffix.lower() == ".bin"
-    if is_bin and size > WEIGHTS_BIN_BYTES:
+def reason_from_stream(relpath: str, stream: BinaryIO, size: int = 0, depth: int = 0) -> str | None:
+    """``reason_from_content`` over a file of any size, read in overlapping blocks; a gzip file is read expanded,
+    a zip archive member by member, a safetensors file's header alone. ``size`` is the file's, where known: a
+    ``.bin`` that large is weights. ``depth``: how many zip archives the file is inside."""
+    suffix = PurePosixPath(relpath).suffix.lower()
+    if suffix == ".safetensors":
+        return _safetensors_reason(relpath, stream, size)
+    if suffix == ".bin" and size > WEIGHTS_BIN_BYTES:
         return None
     first = stream.read(BLOCK)
-    if is_bin and first.startswith(TORCH_MAGIC):
+    if suffix == ".bin" and first.startswith(TORCH_MAGIC):
         return None
+    if first.startswith(ZIP_MAGIC) and stream.seekable():
+        reason = _zip_reason(stream, depth)
+        if reason != "not a zip":
+            return reason
+        stream.seek(len(first))  # only looks like one: read as it is
     blocks = _expanded(first, stream) if first.startswith(GZIP_MAGIC) else chain([first], _blocks(stream))
     tail = b""
     try:
@@ -193,6 +316,48 @@ def reason_from_stream(relpath: str, stream: BinaryIO, size: int = 0) -> str | N
         return str(exc)
     except zlib.error as exc:
         return f"it starts like gzip but does not expand ({exc}), so it was not scanned"
+    return None
+
+
+def _safetensors_reason(relpath: str, stream: BinaryIO, size: int) -> str | None:
+    """What the ``__metadata__`` of a safetensors header holds (one entry a line); a file that is not safetensors is
+    not read (loading it fails anyway)."""
+    try:
+        metadata = header_of(stream, size).get("__metadata__") or {}
+    except (ValueError, OSError):
+        return None
+    reason = reason_from_content(relpath, json.dumps(metadata, indent=0, ensure_ascii=False).encode())
+    return reason and f"{reason}, in its header's __metadata__"
+
+
+def _zip_reason(stream: BinaryIO, depth: int) -> str | None:
+    """Why a member of the zip archive ``stream`` looks like a credential (by name or content), or why the archive
+    was not scanned; ``"not a zip"`` when it is none."""
+    stream.seek(0)
+    try:
+        archive = zipfile.ZipFile(stream)
+    except (zipfile.BadZipFile, ValueError, EOFError):
+        return "not a zip"
+    members = [info for info in archive.infolist() if not info.is_dir()]
+    if depth >= MAX_ZIP_DEPTH or len(members) > MAX_ZIP_MEMBERS:
+        return (f"it is a zip archive {depth + 1} levels deep in zip archives" if depth >= MAX_ZIP_DEPTH else
+                f"it is a zip archive of {len(members):,} members, more than {MAX_ZIP_MEMBERS:,}") + \
+            ", so it was not scanned; ship what it holds unzipped"
+    try:
+        for info in members:
+            if info.flag_bits & 1:
+                return f"its member {info.filename} is encrypted, so it was not scanned"
+            if info.file_size > max(BLOCK, MAX_EXPANSION * info.compress_size):
+                return (f"its member {info.filename} expands more than {MAX_EXPANSION} times its size, so it was not "
+                        "scanned (a compression bomb?); ship what it holds unzipped")
+            reason = reason_from_name(info.filename)
+            if reason is None and should_scan(info.filename):
+                with archive.open(info) as member:
+                    reason = reason_from_stream(info.filename, member, info.file_size, depth + 1)
+            if reason:
+                return f"its member {info.filename}: {reason}"
+    except (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, OSError) as exc:
+        return f"it is a zip archive that cannot be read ({exc}), so it was not scanned"
     return None
 
 

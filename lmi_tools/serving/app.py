@@ -29,21 +29,26 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from ..errors import UsageError
 from .drain import DrainGate, on_signals
 from .metrics import Metrics
-from .routes import inference, management, metrics, openai, page, sagemaker_runtime, tgi
+from .routes import (anthropic, inference, management, metrics, openai, page, pooling, responses, sagemaker_runtime,
+                     tgi)
 from .routes.relay import HttpError, djl_error
+from .response_store import ResponseStore
 from .store import ModelStore
 
 access_log = logging.getLogger("lmi.access")
-INFERENCE = (inference.router, openai.router, tgi.router, sagemaker_runtime.router, metrics.router, page.router)
+INFERENCE = (inference.router, openai.router, responses.router, anthropic.router, pooling.router, tgi.router,
+             sagemaker_runtime.router, metrics.router, page.router)
 MANAGEMENT = (management.router,)
 #: What uvicorn buffers of a request's head before refusing it outright; the 431 limit is checked below it.
 MAX_BUFFERED_HEAD = 1024 * 1024
 
 
 async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
-    """Each API's clients read errors in its own shape: OpenAI's, TGI's, else DJL's."""
+    """Each API's clients read errors in its own shape: Anthropic's, OpenAI's, TGI's, else DJL's."""
     path = request.url.path
-    if path.startswith(openai.PREFIX):
+    if path.startswith(anthropic.PREFIX):
+        return anthropic.error(exc.code, exc.message)
+    if path.startswith(openai.PREFIX) or path in pooling.PATHS:
         return openai.error(exc.code, exc.message)
     if path == "/info" or (path in tgi.PATHS and request.method == "POST"):
         return tgi.error(exc.code, exc.message)
@@ -147,6 +152,7 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
                          description="A local DJLServing-compatible server for lmi_handlers models.")
     app.state.store = store
     app.state.metrics = Metrics(store)
+    app.state.responses = ResponseStore()  # the Responses API's stored responses (routes/responses.py)
     app.add_exception_handler(HttpError, _on_http_error)
     app.middleware("http")(_log_request)
     app.add_middleware(HeaderLimit, limit=store.server.max_header_bytes)

@@ -5,7 +5,9 @@ A dispatcher thread owns the worker and runs the loop DJLServing runs for the mo
 * plain models: DJL's batch aggregator - take one job, drain up to ``batch_size - 1`` more, keep
   polling until the batch is full or ``max_batch_delay`` (ms) is spent - then one call, one item per
   request (a single request is sent unwrapped);
-* rolling batch: the step loop of ``RollingBatchLoop``, admitting queued requests while there is room.
+* rolling batch: the step loop of ``RollingBatchLoop``, admitting queued requests while there is room;
+* DJL's async mode: each request goes to the worker as it is taken from the queue, and a reader thread routes
+  the interleaved answers (``async_channel.py``, Java's ``AsyncRequestManager``).
 
 HTTP handlers submit a ``PendingRequest`` and read its events (``Start``, ``Chunk``, ``End``) from an
 asyncio queue; the thread pushes them with ``call_soon_threadsafe``. A full queue (``job_queue_size``)
@@ -31,6 +33,7 @@ from lmi_handlers.errors import Cancelled
 from lmi_handlers.protocol import Input
 
 from .adapters import AdapterRecord, adapter_input, folder_adapters
+from .async_channel import AsyncChannel
 from .worker.client import LoadFailed, Worker, WorkerDied, WorkerSettings
 from .worker.codec import OutputHeader, StreamBroken
 from .worker.frontend import RollingBatchLoop, RollingRequest, StepItem, batch_input
@@ -113,6 +116,8 @@ class ModelSettings:
     job_queue_size: int = 1000
     rolling: bool = False
     max_rolling_batch_size: int = 32
+    #: Why the worker runs DJL's sync or async engine (``lmi_handlers/mode.py``), for the log.
+    mode_reason: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -146,6 +151,10 @@ class ServedModel:
         #: Requests of the dynamic batch the worker is running now (a rolling batch counts its own).
         self.in_flight = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
+        #: DJL's async mode: the requests in flight on the worker.
+        # (With rolling batch on too, Java's rolling batch steps the async engine: no channel then.)
+        self.channel = AsyncChannel(self.worker, self._deliver_item) if settings.worker.async_mode and \
+            not settings.rolling else None
         #: The adapters registered on this model (as Java keeps them): re-registered whenever a worker starts.
         self.adapters: dict[str, AdapterRecord] = folder_adapters(settings.worker.model_dir,
                                                                    settings.worker.init_properties)
@@ -169,8 +178,7 @@ class ServedModel:
         self._stop.set()
         self._thread.join(timeout=10)
         self.worker.stop()
-        for item in self.rolling_batch.fail_all(503, self._stop_reason):
-            item.request.key.fail(503, self._stop_reason)
+        self._fail_active(self._stop_reason)
         while not self.jobs.empty():
             self.jobs.get_nowait().fail(503, self._stop_reason)
 
@@ -203,7 +211,7 @@ class ServedModel:
                 "batchSize": self.settings.batch_size, "maxBatchDelayMillis": self.settings.max_batch_delay_ms,
                 "queueSize": self.settings.job_queue_size, "queueLength": self.jobs.qsize(),
                 "rollingBatch": self.settings.rolling, "maxRollingBatchSize": self.settings.max_rolling_batch_size,
-                "activeRequests": len(self.rolling_batch.active),
+                "activeRequests": len(self.channel.active if self.channel else self.rolling_batch.active),
                 "workerGroups": [{"workers": [worker]}]}
         if self.failure:
             info["error"] = self.failure
@@ -211,12 +219,17 @@ class ServedModel:
 
     def _load(self) -> bool:
         self.status = Status.PENDING
+        if self.settings.mode_reason:
+            logger.info("[%s] DJL's %s engine: %s", self.name, "async" if self.settings.worker.async_mode else "sync",
+                        self.settings.mode_reason)
         try:
             self.worker.start()
         except LoadFailed as exc:
             self.status, self.failure = Status.FAILED, str(exc)
             logger.error("[%s] %s", self.name, exc)
             return False
+        if self.channel is not None:
+            self.channel.start()
         try:
             self._register_adapters()
         except WorkerDied as exc:
@@ -236,6 +249,8 @@ class ServedModel:
                 self.adapters.pop(record.name, None)
 
     def _call_worker(self, inputs: Input) -> tuple[int, bytes]:
+        if self.channel is not None:  # its answer comes through the channel's reader
+            return self.channel.call(inputs, self.settings.worker.predict_timeout)
         header = self.worker.predict(inputs)
         if header.is_stream:
             for _ in self.worker.stream():
@@ -261,7 +276,7 @@ class ServedModel:
         if not loaded:
             self._drain_failed()
             return
-        step = self._rolling_step if self.settings.rolling else self._plain_step
+        step = self._async_step if self.channel else self._rolling_step if self.settings.rolling else self._plain_step
         while not self._stop.is_set():
             if self.worker.exit_code is not None:
                 self._exited()
@@ -285,10 +300,16 @@ class ServedModel:
         """A worker that ended by itself between two calls (the vllm backend's does once vLLM's engine stopped) is
         started again before it gets more requests, as Java restarts a Python process that died."""
         reason = f"model {self.name}: the worker process exited with code {self.worker.exit_code}"
-        for item in self.rolling_batch.fail_all(503, reason):
-            item.request.key.fail(503, item.error or reason)
+        self._fail_active(reason)
         self.worker.kill()  # what it left behind: processes it started, its socket
         self._recover(reason)
+
+    def _fail_active(self, reason: str) -> None:
+        """The requests the worker holds (a rolling batch's, or those in flight in async mode) end with a 503."""
+        for item in self.rolling_batch.fail_all(503, reason):
+            item.request.key.fail(503, item.error or reason)
+        for key in self.channel.fail_all() if self.channel else ():
+            key.fail(503, reason)
 
     def _recover(self, reason: str) -> None:
         if self._stop.is_set():  # the worker was stopped on purpose: no restart
@@ -407,8 +428,31 @@ class ServedModel:
         for item in items:
             self._deliver_step(item)
 
+    # --- DJL's async mode -------------------------------------------------------------------
+
+    def _async_step(self) -> None:
+        channel = self.channel
+        assert channel is not None
+        if channel.dead.is_set():
+            reason = f"model {self.name}: the worker process died"
+            self._fail_active(reason)
+            self.worker.kill()
+            self._recover(reason)
+            return
+        job = self._next_job(0.2)
+        try:
+            if job is not None:
+                channel.send(job.input, job)
+            channel.cancel_gone(lambda key: key.cancelled)
+        except WorkerDied:
+            channel.dead.set()  # the reader sees it too; the next turn restarts the worker
+
     def _deliver_step(self, item: StepItem) -> None:
-        job: PendingRequest = item.request.key
+        self._deliver_item(item.request.key, item)
+
+    def _deliver_item(self, job: PendingRequest, item: StepItem) -> None:
+        """One answer (a rolling-batch step's item, or an async answer) for its request, as Java's ``Request``
+        appends it."""
         if item.code is not None:
             # Java sets this status if nothing was sent yet, and appends the error as the last chunk.
             if not job.started:

@@ -7,7 +7,10 @@ Configuration sources (reference/djl-contract.md §1.7-1.8, §7):
 * ``OPTION_<KEY>`` environment variables (``OPTION_ENTRYPOINT`` -> ``entryPoint``) and ``ARGS_<KEY>``,
   applied only where serving.properties is silent;
 * ``SERVING_<KEY>`` environment variables for server-wide defaults (``SERVING_JOB_QUEUE_SIZE``...), and
-  ``MODEL_LOADING_TIMEOUT`` / ``PREDICT_TIMEOUT``.
+  ``MODEL_LOADING_TIMEOUT`` / ``PREDICT_TIMEOUT``;
+* DJL's mode (``lmi_handlers/mode.py``): ``option.async_mode``, or what LMI's recommender decides for the image the
+  model directory targets (``# lmi: image=``, else its ``# lmi: instance_type=``'s default image, or the
+  ``SERVING_FEATURES`` this server runs with), with the recommender's writes to the init properties.
 """
 
 from __future__ import annotations
@@ -21,11 +24,15 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from lmi_handlers.config import ConfigError, is_rolling, parse_float, parse_int
+from lmi_handlers.mode import Image, Mode, serving_mode
 
-from ..modeldir.properties import init_properties, parse_properties, read_text, with_environment
+from ..modeldir.image import model_architectures, served_image, target_image
+from ..modeldir.properties import (init_properties, parse_directives, parse_properties, read_text,
+                                   with_environment)
 from .dispatcher import ModelSettings, ServedModel, Status
 from .drain import DEFAULT_TIMEOUT, Drain
 from .worker.client import WorkerSettings
+from .worker.frontend import entry_points
 
 
 def setting(source: Mapping[str, str], key: str, default: Any, where: str, parse: Callable = parse_int,
@@ -40,6 +47,17 @@ def setting(source: Mapping[str, str], key: str, default: Any, where: str, parse
 
 def seconds(source: Mapping[str, str], key: str, default: float, where: str) -> float:
     return setting(source, key, default, where, parse_float, low=0, high=math.inf)
+
+
+def model_mode(model_dir: Path, props: Mapping[str, str],
+               environ: Mapping[str, str] = os.environ) -> tuple[Mode, Image | None]:
+    """The mode DJL runs this model directory in, and the image that decides it (the server's SERVING_FEATURES,
+    else the one the directory targets)."""
+    path = model_dir / "serving.properties"
+    directives = parse_directives(read_text(path)) if path.is_file() else {}
+    instance = directives.get("instance_type", "").removeprefix("ml.")
+    image = served_image(environ) or target_image(directives, instance.split(".")[0] or None, props)
+    return serving_mode(props, image, model_architectures(model_dir, props)), image
 
 
 def model_properties(model_dir: Path, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
@@ -106,9 +124,12 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
     props = {**model_properties(model_dir, environ), **overrides}
     where = f"in {model_dir}/serving.properties"
     env = model_env(props)
+    mode, image = model_mode(model_dir, props, environ)
+    props.update(mode.properties)  # the recommender's writes, as Java passes them on
+    entry, recommended = entry_points(model_dir, props, image.features if image else "", mode.asynchronous, environ)
     worker = WorkerSettings(
         model_dir=model_dir.resolve(), init_properties={k: v for k, v in props.items() if k != "env"},
-        entry_point=props.get("entryPoint", ""),
+        entry_point=entry, recommended_entry_point=recommended, async_mode=mode.asynchronous,
         model_loading_timeout=seconds(props, "model_loading_timeout", server.model_loading_timeout, where),
         predict_timeout=seconds(props, "predict_timeout", server.predict_timeout, where),
         chunked_read_timeout=server.chunked_read_timeout, engine=server.engine, env=env)
@@ -119,7 +140,7 @@ def model_settings(model_dir: Path, server: ServerConfig, overrides: Mapping[str
         max_batch_delay_ms=setting(props, "max_batch_delay", server.max_batch_delay, where, minimum=0),
         job_queue_size=setting(props, "job_queue_size", server.job_queue_size, where),
         rolling=is_rolling(props.get("rolling_batch")),
-        max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where))
+        max_rolling_batch_size=setting(props, "max_rolling_batch_size", 32, where), mode_reason=mode.reason)
 
 
 #: Environment variables that make a worker load code from elsewhere (a model's ``env`` may not set them).
@@ -127,18 +148,45 @@ CODE_PATH_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONSTAR
 
 
 def code_outside(model_dir: Path) -> str | None:
-    """How this model directory's configuration runs code from outside it, or None: an entry point file (or a
-    ``model.py`` link) that resolves elsewhere, or an ``env`` that sets where Python or the loader finds code."""
+    """How this model directory's configuration runs code from outside it, or None: an entry point (a file, a
+    ``model.py`` link, or a dotted module found in the directory) that resolves elsewhere, or an ``env`` that
+    sets where Python or the loader finds code."""
     props = model_properties(model_dir)
     entry = props.get("entryPoint") or "model.py"
     if entry.endswith(".py") and (model_dir / entry).exists():
         path = (model_dir / entry).resolve()
         if not path.is_relative_to(model_dir):
             return f"its entry point {entry} resolves to {path}, outside the model directory"
+    elif not entry.endswith(".py"):
+        path = module_outside(model_dir, entry)
+        if path is not None:
+            return f"its entry point {entry} is imported from {path}, outside the model directory"
     env = model_env(props)
     for key in CODE_PATH_VARIABLES:
         if key in env:
             return f"its env sets {key}={env[key]}, which loads code from wherever it names"
+    return None
+
+
+def module_outside(model_dir: Path, dotted: str) -> Path | None:
+    """The first file or folder outside ``model_dir`` that importing the module ``dotted`` would read, when Python
+    finds its first part in ``model_dir`` (first on the worker's ``sys.path``), or None. Found as the import
+    system finds it (``PathFinder``, each package's search locations in turn) without running any of it: a
+    package ``sub`` that is a link out of the directory makes ``sub.model`` outside code. A name not in the
+    directory is the server's own installed code (``lmi_handlers.entrypoint``)."""
+    from importlib.machinery import PathFinder
+
+    root, search = model_dir.resolve(), [str(model_dir)]
+    for part in dotted.split("."):
+        spec = PathFinder.find_spec(part, search) if part.isidentifier() else None
+        if spec is None:
+            return None  # not in the directory (the first part) or not importable at all: nothing of it runs
+        search = list(spec.submodule_search_locations or [])
+        places = [spec.origin] if spec.has_location and spec.origin else []
+        for place in (*places, *search):
+            path = Path(place).resolve()
+            if not path.is_relative_to(root):
+                return path
     return None
 
 
@@ -217,8 +265,10 @@ class ModelStore:
 
     def allowed(self, url: str, what: str) -> str:
         """``url``'s resolved path when ``model_url_pattern`` lets the management API load it (a model directory, an
-        adapter's folder), else ``NotAllowed``."""
+        adapter's folder), else ``NotAllowed`` (a ``ValueError`` for a URL that is no path at all)."""
         pattern = self.server.model_url_pattern
+        if "\x00" in url:  # no path holds one; Path.resolve would raise
+            raise ValueError(f"{what} URL {url!r} holds a NUL byte: send a directory's path")
         resolved = str(Path(url.removeprefix("file://")).expanduser().resolve())
         if pattern is None:
             raise NotAllowed(f"loading {what}s by URL is off: start lmi serve with --model-url-pattern REGEX to "

@@ -1,20 +1,20 @@
 """``lmi validate`` on the ``adapters/`` folder: each LoRA adapter's configuration as the runtime reads it
 (``lmi_handlers.adapters.read_adapter``: rank against ``option.max_lora_rank``, what it adapts), its factors' shapes
-against the model's layers (from the safetensors header, no weights read), and the memory all of them take in the
-model's dtype beside the base weights.
+against the model's layers (from the safetensors header, no weights read) and the modules the backend's adapter rule
+refuses (its registry entry's ``adapters``; a backend without one serves none), and the memory all of them take in
+the model's dtype beside the base weights.
 """
 
 from __future__ import annotations
 
-import json
-import struct
 from pathlib import Path
 from typing import Any
 
 from lmi_handlers.adapters import FOLDER, LoraOptions, read_adapter
-from lmi_handlers.backends.hf.lora import REFUSED
+from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
 from lmi_handlers.errors import InvalidRequest
+from lmi_handlers.safetensors_header import read_header
 
 from .findings import Finding, Target, flag
 from .fit import human_bytes
@@ -33,11 +33,16 @@ def check_adapters(target: Target) -> list[Finding]:
         options = LoraOptions.from_properties(target.props)
     except ConfigError as exc:
         return [Finding("error", "adapters", str(exc))]
+    rule = BACKENDS[target.backend].adapters
+    if rule is None:
+        return [Finding("error", "adapters", f"{len(adapters)} adapters in {FOLDER}/, but the {target.backend} "
+                                             "backend serves no LoRA adapters: registering them is refused",
+                        "remove them, or serve the model with a backend that serves adapters")]
     findings, total = [], 0
     for path in adapters:
         try:
             spec = read_adapter(path.name, str(path), options)
-            total += _check_factors(target, path, spec.rank)
+            total += _check_factors(target, path, spec.rank, rule.refused_modules)
         except InvalidRequest as exc:
             findings.append(Finding("error", "adapters", str(exc), "fix or remove it: the base model would serve "
                                                                    "without it"))
@@ -52,16 +57,16 @@ def check_adapters(target: Target) -> list[Finding]:
     return findings
 
 
-def _check_factors(target: Target, path: Path, rank: int) -> int:
+def _check_factors(target: Target, path: Path, rank: int, refused: tuple[str, ...]) -> int:
     """Bytes the adapter's factors take in the model's dtype; ``InvalidRequest`` when a factor's shape fits no
-    layer of the model, or it adapts the embeddings or the output projection."""
+    layer of the model, or it adapts a module the backend refuses (``refused``)."""
     header = _safetensors_header(path / "adapter_model.safetensors")
     widths = _layer_widths(target)
     total = 0
     for key, info in header.items():
         if key == "__metadata__":
             continue
-        if any(part in REFUSED for part in key.split(".")):
+        if any(part in refused for part in key.split(".")):
             raise InvalidRequest(f"adapter {path.name} ({path}): target module {key.rsplit('.lora_', 1)[0]} is not "
                                  "supported: adapters may adapt the decoder's linear layers only")
         shape = info.get("shape", [])
@@ -85,6 +90,4 @@ def _layer_widths(target: Target) -> set[int]:
 def _safetensors_header(path: Path) -> dict[str, Any]:
     if not path.is_file():
         return {}  # an adapter_model.bin: its shapes need torch; the runtime checks them at registration
-    with path.open("rb") as file:
-        (size,) = struct.unpack("<Q", file.read(8))
-        return json.loads(file.read(size))
+    return read_header(path)  # read_adapter has checked it already

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lmi_handlers.backends.registry import BACKENDS, for_instance, hosts
-from lmi_handlers.config import ConfigError, parse_bool, requested_backend
+from lmi_handlers.backends.registry import BACKENDS, hosts
+from lmi_handlers.config import ConfigError, parse_bool
+from lmi_handlers.mode import RECOMMENDER_SINCE, Mode, java_true
 
 from .adapters import check_adapters
 from .entry_point import EntryPoint, resolve
 from .findings import Finding, Target, flag
+from .pooling import pooling_findings
 from .fit import alternatives, fit_checks
-from ..modeldir.handler_config import CONTAINER_MODEL_DIR, ignored_options
+from ..modeldir.handler_config import CONTAINER_MODEL_DIR
 
 # Boolean options no runtime code parses: DJLServing's, and one the neuronx backend only logs about.
 UNPARSED_BOOLEANS = ("low_cpu_mem_usage", "parallel_loading")
@@ -31,7 +33,7 @@ ACCURACY_FLAGS = {
 
 
 def run_checks(target: Target) -> list[Finding]:
-    findings = [check_entry_point(target), *check_keys(target)]
+    findings = [check_entry_point(target), *check_mode(target), *check_keys(target)]
     if target.config is None:
         return findings
     findings.append(check_model_source(target))
@@ -41,6 +43,9 @@ def run_checks(target: Target) -> list[Finding]:
         findings.append(Finding("info", "hardware", f"{target.backend} backend: no weights, so the hardware checks "
                                                     "are skipped"))
         return findings
+    pooled = pooling_findings(target)
+    if pooled is not None:  # an embedding model: no KV cache to size
+        return findings + pooled
     if target.refusal is not None:
         return findings + [refused(target, target.refusal)]
     if target.plan is not None:  # the runtime's own warnings, even where the hardware is wrong for the backend
@@ -77,14 +82,48 @@ def check_entry_point(target: Target) -> Finding:
     return Finding("ok" if result.ok else "error", "entry point", result.detail, result.hint)
 
 
+def check_mode(target: Target) -> list[Finding]:
+    """Which of DJL's Python engines the target image runs the model with (the resolver's ``Settings.mode``), and
+    whether the entry point answers that engine: ``lmi_handlers`` answers both; a ``handle`` of the model's own must
+    be ``async def`` for the async engine and plain for the sync one."""
+    image, mode = target.image, target.mode
+    if image is None or mode is None:
+        return []  # an image line it does not know: load_target said so
+    entry = entry_point_of(target.model_dir, target.props)
+    ignored = "async_mode" in target.props and java_true(target.props["async_mode"]) and not mode.asynchronous
+    findings = [Finding("warning" if ignored else "info", "mode", f"{image}: DJL's {mode.name} engine ({mode.reason})",
+                        "use an image from DJL 0.33.0 (LMI v15) on for async mode" if ignored else "")]
+    if entry.own_handle and entry.async_handle != mode.asynchronous:
+        findings.append(Finding("error", "mode", _own_handle_mismatch(mode.asynchronous), _mode_hint(mode)))
+    # DJL's batching beside the async engine; the settings hold the recommender's writes as Java passes them on
+    conflict = target.config.async_conflict() if mode.asynchronous and target.config is not None else None
+    if conflict is not None:
+        findings.append(Finding("error", "mode", str(conflict), "async mode batches in the handler's engine, up to "
+                                "option.max_rolling_batch_size sequences"))
+    return findings
+
+
+def _own_handle_mismatch(asynchronous: bool) -> str:
+    if asynchronous:
+        return ("model.py defines a plain handle(), but DJL's async engine awaits handle: every request would fail "
+                "with a 424 ('object Output can't be used in await expression')")
+    return "model.py defines an async handle(), but DJL's sync engine calls handle and cannot await its answer"
+
+
+def _mode_hint(mode: Mode) -> str:
+    if mode.asynchronous:
+        return ("write 'async def handle(inputs)' answering djl_python.async_utils' outputs, or import handle from "
+                "lmi_handlers.entrypoint (it answers both engines); or keep the sync engine: option.async_mode=false "
+                "and option.rolling_batch set explicitly (e.g. disable), which keeps LMI's recommender off")
+    return "set option.async_mode=true (DJL 0.33.0 on), or write a plain 'def handle(inputs)'"
+
+
 def check_keys(target: Target) -> list[Finding]:
-    try:
-        # as the handler resolves it: option.rolling_batch=vllm selects vllm under backend=auto
-        backend = for_instance(requested_backend(target.props), target.instance.family).name
-    except (ConfigError, KeyError):
-        return []  # an unknown or homeless backend: the properties or backend check says so
+    if target.choice is None:
+        return []  # no backend resolved for the instance: the properties or backend check says why
+    backend = target.choice.backend.name
     findings = [Finding("warning", "options", message, "remove it or fix its name")
-                for message in ignored_options(target.props, backend)]
+                for message in target.choice.unknown_keys()]
     for key in UNPARSED_BOOLEANS:
         try:
             parse_bool(target.props, key, False)
@@ -170,18 +209,20 @@ def check_batching(target: Target) -> list[Finding]:
     assert config is not None and arch is not None
     raw = target.props.get("rolling_batch")
     findings = []
-    if raw is None:
-        findings.append(Finding("warning", "batching", "option.rolling_batch is not set: recent LMI containers "
-                                "then switch a model with a config.json to their async vLLM mode, which a sync "
-                                "handler cannot serve", "set option.rolling_batch=disable or scheduler"))
-    elif raw.strip().lower() == "auto":
-        findings.append(Finding("warning", "batching", "option.rolling_batch=auto: DJLServing's LMI recommender "
+    image = target.image
+    auto = raw.strip().lower() == "auto" if raw is not None else "tnx" not in getattr(image, "features", "tnx")
+    if auto and image is not None and image.release < RECOMMENDER_SINCE:
+        # Before DJL 0.35 the recommender rewrites auto (the default, but on transformers-neuronx images) into an
+        # engine of LMI's own handlers; from 0.35 on it turns async mode on instead (check_mode says so).
+        written = "=auto" if raw is not None else " is not set (auto)"
+        findings.append(Finding("warning", "batching", f"option.rolling_batch{written}: {image}'s LMI recommender "
                                 "rewrites auto to its own engine (tnx, lmi-dist, vllm) when it finds a config.json, "
-                                "and lmi_handlers refuses those", "use option.rolling_batch=scheduler (the same "
+                                "and lmi_handlers refuses lmi-dist", "use option.rolling_batch=scheduler (the same "
                                 "continuous batching here, left alone by DJLServing)"))
-    if config.rolling:
-        findings.append(Finding("ok", "batching", f"rolling batch: up to {config.max_rolling_batch_size} "
-                                "sequences per step"))
+    if config.continuous:  # the batch the backend runs, as its plan says (vllm: max_num_seqs, which LMI sends)
+        how = "async mode, the handler's engine batching requests" if config.async_mode else "rolling batch"
+        batch = target.batch if target.plan is not None else config.max_rolling_batch_size
+        findings.append(Finding("ok", "batching", f"{how}: up to {batch} sequences per step"))
         plan = target.plan
         if plan is not None and plan.batch_size > 1 and not getattr(plan, "continuous_batching", True):
             findings.append(Finding("warning", "batching", f"the {target.backend} backend runs {arch.model_type} "

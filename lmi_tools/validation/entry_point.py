@@ -22,6 +22,8 @@ class EntryPoint:
     hint: str = ""
     #: model.py defines handle() itself: lmi_handlers' option rules do not apply to it.
     own_handle: bool = False
+    #: That handle() is ``async def``: DJL's async engine awaits it; the sync engine cannot.
+    async_handle: bool = False
 
 
 def module_files(module: str) -> tuple[str, str]:
@@ -30,14 +32,15 @@ def module_files(module: str) -> tuple[str, str]:
 
 
 def handle_source(source: str) -> str | None:
-    """The module ``handle`` is imported from, ``"<defined>"`` when defined here, else None."""
+    """The module ``handle`` is imported from, ``"<defined>"`` (``"<async>"``: ``async def``) when defined here, else
+    None."""
     try:
         tree = ast.parse(source)
     except SyntaxError:
         return None
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "handle":
-            return "<defined>"
+            return "<async>" if isinstance(node, ast.AsyncFunctionDef) else "<defined>"
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             if any(alias.name == "handle" and alias.asname in (None, "handle") for alias in node.names):
                 return node.module
@@ -79,8 +82,10 @@ def _check_file(entry: str, exists: Callable[[str], bool], read: Callable[[str],
     if origin is None:
         return EntryPoint(False, f"{path} neither defines nor imports handle()",
                           f"model.py should contain: from {RUNTIME_ENTRY} import handle")
-    if origin == "<defined>":
-        return EntryPoint(True, f"{path} defines its own handle()", own_handle=True)
+    if origin in ("<defined>", "<async>"):
+        asynchronous = origin == "<async>"
+        return EntryPoint(True, f"{path} defines its own {'async ' * asynchronous}handle()", own_handle=True,
+                          async_handle=asynchronous)
     return _check_module(origin, exists, runtime_vendored, via=path)
 
 

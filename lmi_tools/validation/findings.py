@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
 from lmi_handlers.config import ConfigError, HandlerConfig, parse_bool
+from lmi_handlers.deployment import Choice
+from lmi_handlers.mode import Image, Mode
 
 from ..instances import Instance
 from ..models.architecture import Architecture
@@ -33,6 +35,8 @@ class Target:
     props: dict[str, str]
     instance: Instance
     config: HandlerConfig | None = None
+    #: The settings and the backend they resolve to on the instance (``deployment.choose``).
+    choice: Choice | None = None
     arch: Architecture | None = None
     arch_source: str = ""
     #: The model's ``config.json``, as the runtime's planner reads it.
@@ -55,6 +59,13 @@ class Target:
     #: Tokens the KV cache holds, as the load plan sizes it (0: one full-length row per sequence).
     kv_tokens: int = 0
     non_ascii: bool = False
+    #: The ``# lmi: key=value`` lines of serving.properties (``instance_type``, ``image``).
+    directives: dict[str, str] = field(default_factory=dict)
+    #: The LMI image the directory targets (``# lmi: image=``, else the instance's default).
+    image: Image | None = None
+    #: Which of DJL's Python engines that image runs the model with: the resolver's (``Settings.mode``), or DJL's
+    #: rule alone where lmi_handlers cannot read the properties (a model.py of its own reads them).
+    mode: Mode | None = None
 
 
 def flag(props: Mapping[str, str], key: str) -> bool:

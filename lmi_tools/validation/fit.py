@@ -20,7 +20,8 @@ from lmi_handlers.config import ConfigError
 from ..instances import INSTANCES, Instance
 from .findings import Finding, Target, flag
 from .runtime import plan_at
-from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib, gpu_head_layout, neuron_head_layout
+from .sizing import DTYPE_BYTES, GIB, Footprint, HeadLayout, footprint, gib
+from .sizing import head_layout as layout_of
 
 HEADROOM = 0.10
 WARN_FRACTION = 0.80
@@ -35,13 +36,15 @@ def unit(instance: Instance, plural: bool = True) -> str:
     return f"{instance.gpu} GPUs" if plural else f"{instance.gpu} GPU"
 
 
+def layout_name(target: Target) -> str:
+    """How the backend spreads the heads on this instance's kind of device (its registry entry's ``head_layout``;
+    the fit checks run only where the backend runs on the instance)."""
+    return BACKENDS[target.backend].head_layout.get(target.instance.kind, "layers")
+
+
 def head_layout(target: Target, tp: int) -> HeadLayout:
-    """On NeuronCores, heads as transformers-neuronx pads them (the fit checks run only where the backend runs on
-    the instance); on GPUs, as the model has them."""
     assert target.arch is not None
-    if target.instance.kind == "neuron":
-        return neuron_head_layout(target.arch, tp, target.props.get("group_query_attention"), (target.batch,))
-    return gpu_head_layout(target.arch, tp)
+    return layout_of(layout_name(target), target.arch, tp, target.props.get("group_query_attention"), (target.batch,))
 
 
 def memory(target: Target, tp: int) -> Footprint:
@@ -69,11 +72,16 @@ def check_tp(target: Target, tp: int) -> Finding:
 def check_heads(target: Target, tp: int) -> list[Finding]:
     arch = target.arch
     assert arch is not None
-    if target.instance.kind != "neuron":
-        return [Finding("ok", "attention heads", f"the {target.backend} backend splits layers over GPUs "
-                        "(device_map=auto), so heads need not divide the TP degree" if tp > 1 else
-                        f"{arch.heads} heads on one GPU")]
     layout = head_layout(target, tp)
+    if tp == 1 and layout_name(target) != "padded":
+        return [Finding("ok", "attention heads", f"{arch.heads} heads on one GPU")]
+    if layout_name(target) == "layers":
+        return [Finding("ok", "attention heads", f"the {target.backend} backend splits layers over GPUs "
+                        "(device_map=auto), so heads need not divide the TP degree")]
+    if layout_name(target) == "heads":  # the plan refuses a degree that does not divide the heads
+        copied = f"; its {arch.kv_heads} KV heads are copied to each GPU" if arch.kv_heads < tp else ""
+        return [Finding("ok", "attention heads", f"the {target.backend} backend splits the {arch.heads} attention "
+                        f"heads over TP {tp}{copied}")]
     findings = []
     if arch.gqa and layout.replicated:
         findings.append(Finding("warning", "attention heads", f"{arch.kv_heads} KV heads do not shard over TP {tp}: "

@@ -1,56 +1,41 @@
-"""What the backend itself makes of a model directory for an instance: its options and its load plan.
+"""What the runtime itself makes of a model directory for an instance: the runtime's own resolver
+(``lmi_handlers/deployment.py``), given the instance as its target and the model's ``config.json`` and weights.
 
-The tooling never re-states the runtime's rules. After ``HandlerConfig`` (``modeldir/handler_config.py``) it calls
-the backend's ``Options.from_properties``, ``check_files`` and ``plan`` from the registry
-(``lmi_handlers/backends/registry.py``) with what the container would give them, and reports their
-``ConfigError`` and warnings.
+The tooling never re-states the runtime's rules: ``lmi validate`` runs the resolver's steps (the handler's settings,
+the backend for the instance, the backend's options and load plan) and reports their ``ConfigError`` and warnings.
+On a GPU the runtime measures what the weights hold after loading; here they are sized (``sizing.weight_bytes``).
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
-from lmi_handlers.backends.base import DeviceMemory
-from lmi_handlers.backends.registry import BACKENDS, Entry
-from lmi_handlers.config import HandlerConfig
+from lmi_handlers.deployment import Host, Model, choose
+from lmi_handlers.mode import Image
 
 from ..instances import GIB, Instance
 from .findings import Target
 from .sizing import gpu_head_layout, weight_bytes
 
-#: Device bytes no plan runs out of.
-UNBOUNDED = 1 << 62
+
+def host(instance: Instance, image: Image | None = None) -> Host:
+    """The instance as the resolver's target: its family, one GPU's memory, its GPUs or NeuronCores, and the LMI
+    image that serves the model there."""
+    gpu = instance.memory_per_core_gib * GIB if instance.kind == "gpu" else None
+    return Host(family=instance.family, kind=instance.kind, gpu_bytes=gpu, accelerators=instance.cores, image=image)
 
 
-def instance_memory(config: HandlerConfig, instance: Instance) -> DeviceMemory:
-    """The device a worker on ``instance`` runs on, as the handler resolves ``option.device``: one of the GPUs
-    where it has them, else the host CPU (NeuronCores' memory is the neuronx compiler's, not a plan's)."""
-    device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
-    return DeviceMemory("cuda", instance.memory_per_core_gib * GIB) if device == "cuda" else DeviceMemory("cpu")
+def model(target: Target) -> Model | None:
+    """The model as a plan reads it: its ``config.json`` and its weights' bytes in a dtype (None: not read)."""
+    arch = target.arch
+    if target.model_config is None or arch is None:
+        return None
+    return Model(target.model_config, lambda dtype, int8: weight_bytes(arch, gpu_head_layout(arch, 1), dtype, int8))
 
 
 def plan_at(target: Target, tp: int) -> Any:
-    """The load plan the backend makes for this model (its ``config.json``) over ``tp`` devices (what
-    ``tensor_parallel_degree=max`` becomes in a worker that has them); raises ``ConfigError``.
-
-    On a GPU the runtime measures what the weights hold after loading; here they are sized in the dtype the plan
-    loads them in, spread over the ``tp`` GPUs. A first plan on a device too large to bound anything says which
-    dtype (its refusals are those that do not depend on memory)."""
-    assert target.config is not None and target.model_config is not None and target.arch is not None
-    entry, arch = BACKENDS[target.backend], target.arch
-    config = replace(target.config, tensor_parallel_degree=tp)
-    options, memory = entry.options(config.properties), instance_memory(config, target.instance)
-    if memory.total is None:
-        return entry.plan(config, options, target.model_config, memory)
-    plan = entry.plan(config, options, target.model_config, replace(memory, total=UNBOUNDED))
-    weights = weight_bytes(arch, gpu_head_layout(arch, tp), plan.dtype, plan.int8) // tp
-    return entry.plan(config, options, target.model_config, replace(memory, used=weights))
-
-
-def check_files(entry: Entry, config: HandlerConfig) -> None:
-    """The backend's options as it parses them at load, and what it checks in the model's files before loading
-    (its package's ``check_files``, where it has one); raises ``ConfigError``."""
-    options = entry.options(config.properties)
-    if entry.check_files is not None:
-        entry.check_files(config, options)
+    """The load plan the backend makes on ``target.instance`` for this model over ``tp`` devices; raises
+    ``ConfigError``."""
+    assert target.choice is not None and target.model_config is not None
+    choice = choose(target.choice, host(target.instance, target.image))
+    return choice.plan_for(choice.backend.options(choice.config.properties), model(target), tp)

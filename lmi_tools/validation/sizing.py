@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from lmi_handlers.backends.hf.plan import DTYPE_BYTES
+from lmi_handlers.dtypes import BYTES as DTYPE_BYTES
 from lmi_handlers.backends.neuronx.options import SERIAL_TYPES
 
 from ..models.architecture import Architecture
@@ -95,8 +95,22 @@ def _replicated_kv_heads(heads: int, kv_heads: int, tp: int, padded: int) -> int
 
 
 def gpu_head_layout(arch: Architecture, tp: int) -> HeadLayout:
-    """The transformers backend splits layers over GPUs (``device_map="auto"``): heads stay as they are."""
+    """Whole layers per GPU (``layers``: the transformers backend's ``device_map="auto"``): heads stay as they are."""
     return HeadLayout(tp, arch.heads, arch.kv_heads, arch.heads, arch.kv_heads, "")
+
+
+def split_head_layout(arch: Architecture, tp: int) -> HeadLayout:
+    """The heads split over the GPUs (``heads``: vLLM's tensor parallelism): each GPU keeps its share of the KV heads,
+    and at least one, so fewer KV heads than GPUs are copied to every GPU."""
+    return HeadLayout(tp, arch.heads, arch.kv_heads, arch.heads, max(arch.kv_heads, tp), "")
+
+
+def head_layout(name: str, arch: Architecture, tp: int, gqa: str | None = None,
+                batch_sizes: tuple[int, ...] = (1,)) -> HeadLayout:
+    """The heads over ``tp`` devices in the layout a backend names (its registry entry's ``head_layout``)."""
+    if name == "padded":
+        return neuron_head_layout(arch, tp, gqa, batch_sizes)
+    return split_head_layout(arch, tp) if name == "heads" else gpu_head_layout(arch, tp)
 
 
 def kv_bytes_per_token(arch: Architecture, kv_heads: int, dtype: str) -> int:

@@ -1,10 +1,10 @@
 """``lmi validate``: check a model directory against its model and the instance before deploying it.
 
 ``validate_model_dir`` reads ``serving.properties`` (the way DJLServing does), the model's
-``config.json`` and the instance table, asks the runtime's own configuration and planning code what it
-makes of them (``runtime.py``), then runs the checks of ``checks.py`` and ``fit.py``. Each finding says
-what is wrong and what to use instead; errors block ``lmi package``. The rules and their sources are
-listed in ``docs/configuration.md``.
+``config.json`` and the instance table, asks the runtime's own resolver what it makes of them
+(``lmi_handlers/deployment.py``, with the instance as its target: ``runtime.py``), then runs the checks of
+``checks.py`` and ``fit.py``. Each finding says what is wrong and what to use instead; errors block
+``lmi package``. The rules and their sources are listed in ``docs/configuration.md``.
 """
 
 from __future__ import annotations
@@ -13,18 +13,23 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from lmi_handlers.backends.registry import BACKENDS, for_instance
+from lmi_handlers.backends.registry import BACKENDS
 from lmi_handlers.config import ConfigError
+from lmi_handlers.deployment import Settings, choose
+from lmi_handlers.mode import serving_mode
 
 from ..instances import lookup
-from ..modeldir.properties import init_properties, instance_type, parse_properties, read_text
+from ..modeldir.properties import init_properties, instance_type, parse_directives, parse_properties, read_text
+from ..errors import UsageError
+from ..modeldir.image import model_architectures, target_image
 from ..modeldir.resources import known_model_config
 from ..models.architecture import load_config, read_architecture
 from .checks import entry_point_of, run_checks
 from .findings import Finding, Target
 from .fit import figures
-from ..modeldir.handler_config import handler_config
-from .runtime import check_files, plan_at
+from ..modeldir.handler_config import settings
+from .pooling import embedding_figures, is_embedding
+from .runtime import host, model, plan_at
 
 
 @dataclass
@@ -63,7 +68,14 @@ def validate_model_dir(model_dir: str | Path, instance: str | None = None,
     findings.extend(run_checks(target))
     return Report(model_dir=str(target.model_dir), instance=target.instance.name, backend=target.backend,
                   architecture=_describe(target), findings=findings,
-                  figures=figures(target) if target.arch and target.config and target.positions else {})
+                  figures=_figures(target))
+
+
+def _figures(target: Target) -> dict[str, str]:
+    if not (target.arch and target.config and target.positions):
+        return {}
+    found = figures(target)
+    return embedding_figures(found) if is_embedding(target) else found
 
 
 def _describe(target: Target) -> str:
@@ -81,11 +93,17 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
     text = read_text(model_dir / "serving.properties")
     name = instance_type(model_dir, text, instance)
     target = Target(model_dir=model_dir.resolve(), props=init_properties(parse_properties(text)),
-                    instance=lookup(name), non_ascii=not text.isascii())
+                    instance=lookup(name), non_ascii=not text.isascii(), directives=parse_directives(text))
     findings: list[Finding] = []
     try:
-        target.config = handler_config(target.props, str(target.model_dir))
+        target.image = target_image(target.directives, target.instance.family, target.props)
+    except UsageError as exc:
+        findings.append(Finding("error", "mode", str(exc), exc.hint or ""))
+    try:
+        read = settings(target.props, str(target.model_dir))
     except ConfigError as exc:
+        if target.image is not None:  # DJL's rule alone: lmi_handlers does not get to read these properties
+            target.mode = serving_mode(target.props, target.image, model_architectures(target.model_dir, target.props))
         if entry_point_of(target.model_dir, target.props).own_handle:
             findings.append(Finding("info", "properties", f"{exc} for lmi_handlers, but model.py defines its own "
                                     "handle(), which reads the properties itself; the hardware checks need "
@@ -94,14 +112,31 @@ def load_target(model_dir: Path, instance: str | None, config_path: str | Path |
             findings.append(Finding("error", "properties", str(exc),
                                     "fix this first: the handler would refuse to load with it"))
         return target, findings
+    target.config = read.config
     try:
-        target.backend = for_instance(target.config.backend, target.instance.family).name
+        choice = choose(read, host(target.instance, target.image))
     except ConfigError as exc:
-        return target, findings + [Finding("error", "backend", str(exc))]
-    if BACKENDS[target.backend].needs_model:  # a backend without weights has nothing to size
+        choice = None
+        findings.append(Finding("error", "backend", str(exc)))
+    if choice is not None and choice.backend.needs_model:  # a backend without weights has nothing to size
         findings.extend(_load_architecture(target, config_path))
+    read = _in_mode(target)  # the model's architectures known: the settings as Java passes them on
+    target.mode, target.config = read.mode, read.config
+    if choice is None:
+        return target, findings
+    target.choice = choose(read, host(target.instance, target.image))
+    target.backend = target.choice.backend.name
     resolve_settings(target)
     return target, findings
+
+
+def _in_mode(target: Target) -> Settings:
+    """The handler's settings under DJL's mode on the target image, as the resolver decides it from the image and the
+    model's architectures (the recommender's writes included, as Java passes them on)."""
+    config = target.model_config
+    architectures = (config.get("architectures") or []) if config is not None else \
+        model_architectures(target.model_dir, target.props)
+    return settings(target.props, str(target.model_dir), target.image, architectures)
 
 
 def _load_architecture(target: Target, config_path: str | Path | None) -> list[Finding]:
@@ -138,14 +173,13 @@ def _read_architecture(target: Target, path: Path, source: str) -> None:
 
 
 def resolve_settings(target: Target) -> None:
-    """TP, dtype, batch, sequence length and KV cache as they will be in effect: the backend's own load plan."""
+    """TP, dtype, batch, sequence length and KV cache as they will be in effect: the deployment the runtime resolves
+    for the instance (the backend's options, its checks and its own load plan)."""
     config, instance, entry = target.config, target.instance, BACKENDS[target.backend]
-    assert config is not None
+    assert config is not None and target.choice is not None
     target.tp = config.tensor_parallel_degree or instance.cores
     try:
-        check_files(entry, config)
-        if entry.plan is not None and target.model_config is not None:
-            target.plan = plan_at(target, target.tp)
+        target.plan = target.choice.deploy(model(target)).plan
     except ConfigError as exc:
         target.refusal = exc
     plan = target.plan or _any_plan(target)  # a refused TP degree: size the ones the hint suggests
@@ -158,7 +192,7 @@ def resolve_settings(target: Target) -> None:
 
 def _any_plan(target: Target) -> Any:
     """A plan at any TP degree of the instance: batch, positions and dtype do not depend on it."""
-    if target.refusal is None or target.model_config is None:
+    if target.refusal is None or target.model_config is None or BACKENDS[target.backend].plan is None:
         return None
     for tp in target.instance.tp_degrees:
         try:

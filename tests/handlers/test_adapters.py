@@ -5,13 +5,26 @@ engine arguments and ``LoRARequest`` (the latter where vLLM imports)."""
 from __future__ import annotations
 
 import json
+import struct
+from pathlib import Path
 
 import pytest
 
-from lmi_handlers.adapters import (Adapter, Adapters, AdapterSpec, LoraOptions, read_adapter, requested_adapters,
-                                   vllm_engine_args, vllm_lora_request)
+from lmi_handlers.adapters import Adapter, Adapters, AdapterSpec, LoraOptions, read_adapter, requested_adapters
+from lmi_handlers.backends.vllm.adapters import vllm_engine_args, vllm_lora_request
 from lmi_handlers.errors import AdapterNotFound, ConfigError, InvalidRequest
 from lmi_handlers.protocol import Input, PairList
+
+
+def safetensors(tensors):
+    """A safetensors file's bytes: ``tensors`` maps names to shapes, their data zeros in F32."""
+    header, offset = {}, 0
+    for key, shape in tensors.items():
+        size = 4 * shape[0] * shape[1]
+        header[key] = {"dtype": "F32", "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header).encode()
+    return struct.pack("<Q", len(raw)) + raw + bytes(offset)
 
 
 def folder(tmp_path, name="a1", **config):
@@ -19,6 +32,9 @@ def folder(tmp_path, name="a1", **config):
     path.mkdir()
     (path / "adapter_config.json").write_text(json.dumps({"peft_type": "LORA", "r": 8, "lora_alpha": 16,
                                                           "target_modules": ["q_proj", "v_proj"], **config}))
+    (path / "adapter_model.safetensors").write_bytes(safetensors({
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": (8, 64),
+        "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight": (64, 8)}))
     return str(path)
 
 
@@ -46,6 +62,50 @@ def test_adapter_config_is_read_and_checked_naming_the_adapter(tmp_path):
         read_adapter("ia3", folder(tmp_path, "ia3", peft_type="IA3"), LoraOptions(True))
     with pytest.raises(InvalidRequest, match="adapter gone: not a local directory"):
         read_adapter("gone", str(tmp_path / "missing"), LoraOptions(True))
+
+
+def _with(src, name, content):
+    (Path(src) / name).write_bytes(content)
+    return src
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: _with(d, "adapter_config.json", b"[1, 2]"), "adapter_config.json is a JSON list; expected an object"),
+    (lambda d: _with(d, "adapter_config.json", b'{"r": 8,'), "adapter_config.json is not valid JSON"),
+    (lambda d: _with(d, "adapter_config.json", b"\xff\xfe{}"), "adapter_config.json is not valid JSON"),
+    (lambda d: _with(d, "adapter_config.json", json.dumps({"r": 8, "target_modules": 5}).encode()),
+     "target_modules=5"),
+    (lambda d: _with(d, "adapter_config.json", json.dumps({"r": 8, "lora_alpha": "x", "target_modules": ["q"]})
+                     .encode()), "lora_alpha='x'"),
+    (lambda d: _with(d, "adapter_model.safetensors", b"\x00" * 4), "adapter_model.safetensors is not a safetensors "
+                                                                    "file: 4 bytes"),
+    (lambda d: _with(d, "adapter_model.safetensors", struct.pack("<Q", 2**60) + b"{}"), "header claims"),
+    (lambda d: _with(d, "adapter_model.safetensors", struct.pack("<Q", 4) + b"[1] "), "header is a JSON list"),
+    (lambda d: _with(d, "adapter_model.safetensors", struct.pack("<Q", 3) + b"{x}"), "header is not JSON"),
+    # a truncated download: the header promises more data than the file holds
+    (lambda d: _with(d, "adapter_model.safetensors", safetensors({"a.lora_A.weight": (8, 64)})[:-1]),
+     "'a.lora_A.weight' has no valid dtype, shape and data_offsets within the file's 2,047 bytes"),
+])
+def test_malformed_and_garbage_adapter_files_are_400s_naming_the_adapter_and_the_file(tmp_path, change, message):
+    src = change(folder(tmp_path, "bad"))
+    with pytest.raises(InvalidRequest) as caught:
+        read_adapter("bad", src, LoraOptions(True))
+    assert caught.value.status == 400 and caught.value.field == "src"
+    assert str(caught.value).startswith(f"adapter bad ({src}): ") and message in str(caught.value)
+
+
+def test_a_nul_byte_and_a_garbage_bin_file_are_refused_by_name(tmp_path):
+    with pytest.raises(InvalidRequest, match="src: adapter evil: a path may not hold a NUL byte"):
+        read_adapter("evil", str(tmp_path) + "\x00/x", LoraOptions(True))
+    src = folder(tmp_path, "bin")
+    (tmp_path / "bin" / "adapter_model.safetensors").unlink()
+    with pytest.raises(InvalidRequest, match=r"adapter bin \(.*\): no adapter_model.safetensors or adapter_model.bin"):
+        read_adapter("bin", src, LoraOptions(True))
+    (tmp_path / "bin" / "adapter_model.bin").write_bytes(b"garbage")
+    with pytest.raises(InvalidRequest, match="adapter_model.bin is not a file torch.save wrote"):
+        read_adapter("bin", src, LoraOptions(True))
+    (tmp_path / "bin" / "adapter_model.bin").write_bytes(b"PK\x03\x04")  # torch.save's zip: loaded (and checked)
+    assert read_adapter("bin", src, LoraOptions(True)).rank == 8          # by the backend
 
 
 def item(body, query=(), headers=None):

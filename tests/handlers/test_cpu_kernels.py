@@ -157,7 +157,7 @@ def test_the_options_default_to_auto_and_take_it_by_name():
 def test_builds_are_kept_per_environment_and_torch_version(monkeypatch):
     import torch
 
-    from lmi_handlers.backends.hf.cpu.kernels import environment_key
+    from lmi_handlers.backends.hf.cpu.common import environment_key
 
     here = environment_key(torch)
     monkeypatch.setattr(sys, "prefix", "/elsewhere/.venv-compat")
@@ -211,7 +211,7 @@ def test_a_wide_step_gives_the_same_logits_on_one_thread_as_on_two(tiny_model_di
     # The per-step thread count may change no answer: torch's products and attention split rows across threads.
     import torch
 
-    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+    from lmi_handlers.backends.hf.cpu.common import WIDE_ROWS
 
     model = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval()
     ids = torch.randint(3, model.config.vocab_size, (2, WIDE_ROWS), generator=torch.Generator().manual_seed(0))
@@ -231,7 +231,7 @@ def test_a_wide_step_gives_the_same_logits_on_one_thread_as_on_two(tiny_model_di
 def test_wide_rows_go_through_torchs_product_on_the_stock_weights(kind):
     import torch
 
-    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS
+    from lmi_handlers.backends.hf.cpu.common import WIDE_ROWS
 
     if kind == "compiled":
         if shutil.which("c++") is None:
@@ -261,7 +261,7 @@ def test_a_lock_left_by_a_killed_build_does_not_stall_the_next_load(tmp_path):
     from torch.utils.cpp_extension import _get_build_directory
 
     from lmi_handlers.backends.hf.cpu import decode_attention
-    from lmi_handlers.backends.hf.cpu.kernels import environment_key
+    from lmi_handlers.backends.hf.cpu.common import environment_key
 
     decode_attention.build_kernel(torch)  # built (or found built) first, so the second load only checks and imports
     capability = torch.backends.cpu.get_cpu_capability().lower()

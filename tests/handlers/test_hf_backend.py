@@ -156,6 +156,9 @@ def test_prompt_beyond_the_context_is_a_400_never_truncated(handler):
     code, body = ask(handler, {"inputs": "Hello", "parameters": {"max_new_tokens": 510}})
     assert code == 400 and "parameters.max_new_tokens" in json.loads(body)["error"]
     assert "Ask for at most" in json.loads(body)["error"]
+    for budget in ("max_tokens", "max_completion_tokens"):  # chat: the field as the client wrote it
+        code, body = ask(handler, {"messages": [{"role": "user", "content": "Hi"}], budget: 510})
+        assert code == 400 and json.loads(body)["error"].startswith(f"{budget}: the prompt is")
 
 
 def test_repetition_penalty_matches_generate(handler, reference):

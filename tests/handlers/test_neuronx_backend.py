@@ -166,12 +166,9 @@ def test_a_failed_step_fails_its_requests_then_serving_goes_on(neuronx_standin, 
 def test_without_transformers_neuronx_the_backend_says_so_before_any_download():
     import importlib.util
 
-    from lmi_handlers.backends import load_backend
-    from lmi_handlers.config import HandlerConfig
+    from lmi_handlers.deployment import resolve
     from lmi_handlers.errors import ConfigError
 
     assert importlib.util.find_spec("transformers_neuronx") is None  # no stand-in on the path in this test
-    config = HandlerConfig.from_properties({"backend": "neuronx", "model_id": "meta-llama/Meta-Llama-3-8B",
-                                            "model_dir": "/nowhere"})
     with pytest.raises(ConfigError, match="needs transformers-neuronx.*option.backend=hf"):
-        load_backend(config)
+        resolve({"backend": "neuronx", "model_id": "meta-llama/Meta-Llama-3-8B", "model_dir": "/nowhere"})

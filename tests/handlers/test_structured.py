@@ -80,6 +80,46 @@ def test_tool_choice_shapes_the_grammar_and_reads_the_calls_back():
     assert chat(tools=[WEATHER], tool_choice="none").constraint is None
 
 
+def _trip_tool():
+    """What ``openai.pydantic_function_tool`` makes of a nested pydantic model: parameters that refer to their own
+    ``$defs`` (and a property named like a keyword, whose schema refers to them too)."""
+    openai = pytest.importorskip("openai")
+    from pydantic import BaseModel, Field
+
+    class City(BaseModel):
+        name: str = Field(max_length=20)
+
+    class Trip(BaseModel):
+        origin: City
+        stops: list[City] = Field(max_length=2)
+        default: City | None = None
+
+    return openai.pydantic_function_tool(Trip)
+
+
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "Trip"}}, "none"])
+def test_tools_whose_parameters_refer_to_their_own_defs_work_with_every_tool_choice(choice):
+    jsonschema = pytest.importorskip("jsonschema")
+    tool = _trip_tool()
+    assert "$defs" in tool["function"]["parameters"]
+    request = chat(tools=[tool, WEATHER], tool_choice=choice)  # compiled by llguidance, or a 400
+    arguments = {"origin": {"name": "Paris"}, "stops": [{"name": "Rome"}], "default": {"name": "Oslo"}}
+    if choice == "none":
+        assert request.constraint is None
+        return
+    schema = request.constraint.schema
+    answer = [{"name": "Trip", "arguments": arguments}] if choice == "required" else arguments
+    jsonschema.validate(answer, schema)  # the references resolve where the grammar moved the parameters
+    bad = {**arguments, "origin": {"name": "x" * 21}}
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "Trip", "arguments": bad}] if choice == "required" else bad, schema)
+    if choice == "required":  # a "$ref" inside data (a const) is data: left as it is
+        assert structured.json_schema("x", schema).schema == schema
+        moved = parse_tools({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"k": {"const": {"$ref": "#/x"}}}}}}], "tool_choice": "required"})
+        assert moved.constraint().schema["$defs"]["f"]["properties"]["k"] == {"const": {"$ref": "#/x"}}
+
+
 @pytest.mark.parametrize("parser, text, content, calls", [
     ("hermes", 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
      "Sure.", [("get_weather", '{"city":"Paris"}')]),

@@ -4,7 +4,7 @@ import pytest
 
 from lmi_handlers.structured.constraint import Constraint
 from lmi_handlers.structured.tools import parse_tools
-from lmi_handlers.structured.vllm import structured_outputs, structured_outputs_params
+from lmi_handlers.backends.vllm.structured import structured_outputs, structured_outputs_params
 
 vllm_sampling = pytest.importorskip("vllm.sampling_params")
 
@@ -40,7 +40,7 @@ def test_auto_answers_on_the_vllm_engine_are_read_by_vllms_own_parser(smollm2_di
 
     from lmi_handlers.errors import ConfigError
     from lmi_handlers.structured.tools import ToolOptions, resolve
-    from lmi_handlers.structured.vllm import check_tool_parser, tool_call_parser
+    from lmi_handlers.backends.vllm.structured import check_tool_parser, tool_call_parser
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     weather = {"type": "function", "function": {"name": "get_weather", "parameters": SCHEMA}}
@@ -56,11 +56,10 @@ def test_auto_answers_on_the_vllm_engine_are_read_by_vllms_own_parser(smollm2_di
 
 
 def test_a_tool_parser_that_refuses_the_tokenizer_refuses_the_load_before_vllm_starts(smollm2_dir):
-    from lmi_handlers.backends.vllm.engine import VllmBackend
-    from lmi_handlers.config import HandlerConfig
+    from lmi_handlers.deployment import resolve
     from lmi_handlers.errors import ConfigError
 
-    config = HandlerConfig.from_properties({"model_id": str(smollm2_dir), "rolling_batch": "vllm",
-                                            "enable_auto_tool_choice": "true", "tool_call_parser": "llama3_json"})
+    deployment = resolve({"model_id": str(smollm2_dir), "rolling_batch": "vllm", "enable_auto_tool_choice": "true",
+                          "tool_call_parser": "llama3_json"})
     with pytest.raises(ConfigError, match=r"option\.tool_call_parser.*llama3_json"):
-        VllmBackend(config)
+        deployment.load()

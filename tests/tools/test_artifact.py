@@ -6,6 +6,7 @@ import gzip
 import io
 import os
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -196,6 +197,24 @@ def test_a_small_bomb_is_refused_and_a_compressible_artifact_is_not(tmp_path, mo
     assert ("notes.txt", 2 << 20) in inspect_artifact(text).files  # 2 MB of text that compresses about 2 times
 
 
+def test_an_archive_of_very_many_empty_members_is_refused_after_the_limit(tmp_path):
+    """No size bound catches empty members: the count does, after MAX_MEMBERS headers, in memory and time
+    bounded by the limit, not by the archive."""
+    from lmi_tools.packaging.artifact import MAX_MEMBERS
+
+    archive = tmp_path / "many.tar.gz"
+    with tarfile.open(archive, "w:gz", compresslevel=1) as tar:
+        tar.addfile(regular("serving.properties", PROPERTIES.encode())[0], io.BytesIO(PROPERTIES.encode()))
+        empty = tarfile.TarInfo("x")
+        for i in range(MAX_MEMBERS):
+            empty.name = f"d/{i}"
+            tar.addfile(empty)
+    for check in (inspect_artifact, lambda path: unpack(path, tmp_path / "out")):
+        with pytest.raises(UsageError, match=f"holds more than {MAX_MEMBERS:,} members"):
+            check(archive)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_file_held_twice_is_a_problem_and_unpack_refuses_it(tmp_path):
     archive = make_tar(tmp_path / "twice.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
                                                    regular("model.py", SHIM.encode()),
@@ -214,6 +233,15 @@ def test_credentials_inside_compressed_members_are_found(tmp_path):
     assert any(p.startswith("notes.txt.gz: looks like a credential (it contains what detect-secrets' "
                             "GitHubTokenDetector takes for a secret (GitHub Token))")
                for p in inspect_artifact(archive).problems)
+    zipped = io.BytesIO()
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as inner:
+        inner.writestr("readme.md", "x" * 1000)
+        inner.writestr("db.yaml", "password: hunter22\n")
+    archive = make_tar(tmp_path / "b.tar.gz", [regular("serving.properties", PROPERTIES.encode()),
+                                               regular("model.py", SHIM.encode()),
+                                               regular("docs.zip", zipped.getvalue())])
+    assert "docs.zip: looks like a credential (its member db.yaml: it contains what detect-secrets' KeywordDetector " \
+           "takes for a secret (Secret Keyword))" in inspect_artifact(archive).problems
 
 
 @pytest.mark.parametrize("instance, backend, problem", [

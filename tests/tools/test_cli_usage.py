@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 LMI = Path(sys.executable).with_name("lmi")
+PRESETS = Path(__file__).resolve().parents[2] / "serving_properties"
 
 
 def run_lmi(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -85,6 +88,89 @@ def test_serve_refuses_bad_ports_and_model_names_before_binding(args, message):
     assert result.returncode == 2, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def lmi_main(capsys, monkeypatch, cwd: Path, *args: str) -> tuple[int, str]:
+    """``lmi ARGS`` in this process (cli.main, the same code as the entry point's, without its start-up time):
+    the exit code, and stdout + stderr; any exception cli.main lets through fails the test as a traceback would."""
+    from lmi_tools.cli import main
+
+    monkeypatch.chdir(cwd)
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out + out.err
+
+
+@pytest.mark.parametrize("args,message", [
+    (["a=model", "a=model"], "the model name a is given twice (a=model and a=model)"),
+    (["model", "model"], "the model name model is given twice"),
+    (["a="], "model 'a=' names no directory after '='"),
+    (["model/serving.properties"], "model/serving.properties is a file, not a model directory"),
+    (["empty"], "empty has nothing to serve: no serving.properties, model.py or config.json"),
+    (["missing"], "model directory missing does not exist"),
+    (["model", "--log-level", "loud"], "--log-level 'loud' is not one of debug, info, warning, error"),
+])
+def test_serve_refuses_every_target_mistake_before_a_server_or_worker_starts(tmp_path, capsys, monkeypatch, args,
+                                                                             message):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/serving.properties").write_text("option.backend=scripted\n")
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setattr("lmi_tools.serving.store.ModelStore.offer", None)  # nothing may load a model
+    code, output = lmi_main(capsys, monkeypatch, tmp_path, "serve", *args, "--port", "9")  # never bound either
+    assert code == 2 and f"error: {message}" in output, output
+    assert "lmi serve:" not in output
+
+
+def test_a_directory_without_serving_properties_is_accepted_when_the_environment_configures_it(tmp_path, capsys,
+                                                                                              monkeypatch):
+    """DJLServing's way: OPTION_* variables stand in for serving.properties."""
+    (tmp_path / "empty").mkdir()
+    monkeypatch.setenv("OPTION_MODEL_ID", str(tmp_path))
+    with contextlib.closing(socket.socket()) as taken:  # the port, checked after the models, stops it there
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        code, output = lmi_main(capsys, monkeypatch, tmp_path, "serve", "empty", "--port", port)
+    assert code == 2 and f"cannot listen on 127.0.0.1:{port}" in output, output
+
+
+@pytest.mark.parametrize("args,message", [
+    (["package", "model", "-o", "/proc/lmi-test/model.tar.gz"],
+     "cannot write /proc/lmi-test/model.tar.gz: /proc takes no new file"),
+    (["package", "model", "-o", "model/serving.properties/model.tar.gz"],
+     "cannot write model/serving.properties/model.tar.gz: model/serving.properties is a file, not a folder"),
+    (["package", "model", "-o", "model"], "model is a folder: give the file to write"),
+    (["package", "model", "--uncompressed", "model/serving.properties"],
+     "model/serving.properties is a file, not a folder"),
+    (["new", "--preset", "opt-13b-inf2-48xlarge", "/proc/lmi-test"],
+     "cannot write /proc/lmi-test: /proc takes no new file"),
+    (["new", "--preset", "opt-13b-inf2-48xlarge", "model/serving.properties/new"],
+     "cannot write model/serving.properties/new: model/serving.properties is a file, not a folder"),
+    (["render", "spec.toml", "/proc/lmi-test"], "cannot write /proc/lmi-test: /proc takes no new file"),
+    (["tiny-model", "/proc/lmi-test"], "cannot write /proc/lmi-test: /proc takes no new file"),
+    (["model", "from-gguf", "spec.toml", "model/serving.properties"],
+     "model/serving.properties is a file, not a folder"),
+])
+def test_an_output_the_file_system_refuses_is_one_error_line_before_any_work(tmp_path, capsys, monkeypatch, args,
+                                                                             message):
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model/serving.properties").write_text("engine=Python\noption.model_id=/nowhere\n")
+    (tmp_path / "spec.toml").write_text((PRESETS / "opt-13b-inf2-48xlarge/spec.toml").read_text())
+    code, output = lmi_main(capsys, monkeypatch, tmp_path, *args)
+    assert code in (1, 2) and f"error: {message}" in output, output
+    assert "to pack" not in output and "wrote" not in output  # refused before validating or packing
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["model", "serving.properties", "spec.toml"]
+
+
+def test_any_other_file_system_error_is_one_error_line(tmp_path, capsys, monkeypatch):
+    """cli.main's last resort, for what no command checks first (a disk that fills up, a folder made read-only
+    meanwhile): the path and the system's reason, exit 1."""
+    def refused(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(tmp_path / "model/serving.properties"))
+
+    monkeypatch.setattr("lmi_tools.modeldir.render.write_model_dir", refused)
+    code, output = lmi_main(capsys, monkeypatch, tmp_path, "new", "--preset", "opt-13b-inf2-48xlarge", "model")
+    assert (code, output) == (1, f"error: {tmp_path}/model/serving.properties: Permission denied\n")
 
 
 @pytest.mark.parametrize("command", ["package", "serve", "new", "validate"])

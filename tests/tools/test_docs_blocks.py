@@ -129,7 +129,8 @@ def test_demo_script_answers_then_prints_the_line_that_serves_the_chat_page(smol
     """The README's scripts/demo.sh on free ports; its last line, run as printed, serves the chat page at /."""
     port = free_port(also_next=True)
     env = {**os.environ, "SKIP_SETUP": "1", "VENV_BIN": str(Path(sys.executable).parent), "PYTHONPATH": str(ROOT),
-           "OUT": str(tmp_path / "out"), "PORT": str(port), "OMP_NUM_THREADS": "1"}
+           "OUT": str(tmp_path / "out"), "PORT": str(port), "OMP_NUM_THREADS": "1",
+           "READY_TIMEOUT": "240"}  # the demo's own error, with the server's log, before this test's timeout
     demo = subprocess.run(["bash", str(ROOT / "scripts/demo.sh")], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=300, start_new_session=True)
     assert demo.returncode == 0, demo.stdout[-3000:] + demo.stderr[-3000:]

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import gzip
 import hashlib
+import io
+import json
 import os
 import shutil
+import struct
 import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -207,6 +212,82 @@ def test_token_formats_of_the_secret_scanner_are_refused(model, tmp_path, name, 
     path.write_bytes(content)
     with pytest.raises(PackagingError, match=f"{name}: looks like a credential"):
         build(model, tmp_path / "model.tar.gz", None)
+
+
+JWT = ".".join(base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=") for part in (
+    {"alg": "HS256", "typ": "JWT"}, {"sub": "1234567890", "name": "ops"})) + ".c2lnbmF0dXJlLWJ5dGVz"
+HEX_SECRET = "9f86d081884c7d659a2f" + "eaa0c55ad015a3bf4f1b"  # split, as above
+
+
+def _zip(members):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name, data in members.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def _safetensors(metadata):
+    header = json.dumps({"__metadata__": metadata, "w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})
+    return struct.pack("<Q", len(header)) + header.encode() + bytes(4)
+
+
+HIDDEN = [
+    ("client.py", f'HEADERS = {{"Authorization": "Bearer {JWT}"}}\n'.encode(), "JwtTokenDetector"),
+    ("db.yaml", b"database:\n  user: app\n  password: hunter22\n", "KeywordDetector"),
+    ("app.py", f'secret_key = "{HEX_SECRET}"\n'.encode(), "KeywordDetector"),
+    ("cfg.json", f'{{"upload_token": "{HEX_SECRET}"}}'.encode(), "HexHighEntropyString"),
+    ("docs.zip", _zip({"readme.md": b"hello", "deploy/notes.md": f"clone with {GITHUB_TOKEN}\n".encode()}),
+     "its member deploy/notes.md: it contains what detect-secrets' GitHubTokenDetector"),
+    ("nested.zip", _zip({"inner.zip": _zip({"db.yaml": b"password: hunter22\n"})}),
+     "its member inner.zip: its member db.yaml"),
+    ("keys.zip", _zip({".aws/credentials": b"[default]\n"}), "its member .aws/credentials: an AWS CLI"),
+    ("notes.txt", f"\ufeffthe key id is {AWS_KEY_ID}\n".encode("utf-16-le"), "AWSKeyDetector"),
+    ("notes-be.txt", f"token: {GITHUB_TOKEN}\n".encode("utf-16-be"), "GitHubTokenDetector"),
+    ("k8s.yaml", b"kind: Secret\ndata:\n  token: " + base64.b64encode(GITHUB_TOKEN.encode()) + b"\n",
+     "(GitHub Token), base64-encoded"),
+    ("adapter.safetensors", _safetensors({"format": "pt", "hub": f"token={GITHUB_TOKEN}"}),
+     "in its header's __metadata__"),
+]
+
+
+@pytest.mark.parametrize("name, content, reason", HIDDEN, ids=[case[0] for case in HIDDEN])
+def test_secrets_the_line_rules_find_and_secrets_hidden_in_archives_encodings_and_headers(model, tmp_path, name,
+                                                                                         content, reason):
+    """detect-secrets' JWT, keyword and hex-entropy rules, and its token rules inside zip members, UTF-16 text,
+    base64 text and a safetensors header."""
+    (model / name).write_bytes(content)
+    with pytest.raises(PackagingError) as info:
+        build(model, tmp_path / "model.tar.gz", None)
+    assert f"{name}: looks like a credential" in str(info.value) and reason in str(info.value), str(info.value)
+
+
+def test_a_real_model_directory_and_hashes_pass(model, tmp_path, smollm2_dir):
+    """SmolLM2's tokenizer and configuration files, and what model directories hold beside them (hashes, plain
+    zips, UTF-16 text without secrets), ship."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json",
+                 "chat_template.jinja", "gguf_source.json"):
+        if (smollm2_dir / name).exists():
+            shutil.copy(smollm2_dir / name, model / name)
+    (model / "hashes.json").write_text(json.dumps({"sha256": HEX_SECRET * 2, "commit": HEX_SECRET,
+                                                   "revision": HEX_SECRET}))
+    (model / "examples.zip").write_bytes(_zip({"prompts.txt": b"The capital of France is\n" * 50}))
+    (model / "notes-utf16.txt").write_bytes("A model card, in UTF-16.\n".encode("utf-16"))
+    (model / "weights.safetensors").write_bytes(_safetensors({"format": "pt"}))
+    (model / "app.yaml").write_text("password: ${DB_PASSWORD}\nsecret: <your-secret>\n")
+    build(model, tmp_path / "model.tar.gz", None)
+
+
+def test_zip_bombs_and_encrypted_members_are_reported_unscanned(model, tmp_path):
+    (model / "bomb.zip").write_bytes(_zip({"zeros.txt": bytes(64 << 20)}))
+    zipped = bytearray(_zip({"secret.txt": b"x"}))
+    zipped[6] |= 1  # the local header's and the central directory's "encrypted" bit
+    zipped[zipped.rindex(b"PK\x01\x02") + 8] |= 1
+    (model / "locked.zip").write_bytes(bytes(zipped))
+    with pytest.raises(PackagingError) as info:
+        build(model, tmp_path / "model.tar.gz", None)
+    assert "bomb.zip: looks like a credential (its member zeros.txt expands more than 100 times" in str(info.value)
+    assert "locked.zip: looks like a credential (its member secret.txt is encrypted" in str(info.value)
 
 
 def test_torch_weights_and_references_to_secrets_pass(model, tmp_path):

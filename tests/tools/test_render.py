@@ -8,13 +8,16 @@ import jinja2
 import pytest
 
 from lmi_handlers.backends.neuronx.options import KEYS as NEURONX_KEYS
-from lmi_handlers.config import HandlerConfig, check_unknown_keys
+from lmi_handlers.config import check_unknown_keys
+from lmi_handlers.deployment import choose, read_settings
 from lmi_tools.errors import UsageError
+from lmi_tools.instances import lookup
 from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
 from lmi_tools.modeldir.render import environment, render_files, write_model_dir
 from lmi_tools.modeldir.resources import preset_names, preset_spec
 from lmi_tools.modeldir.spec import load_spec, parse_spec
 from lmi_tools.modeldir.handler_config import backend_option_keys
+from lmi_tools.validation.runtime import host
 
 BASE = {"model_id": "facebook/opt-13b", "instance_type": "inf2.48xlarge", "tensor_parallel_degree": 8}
 EXTRA_SPECS = {
@@ -39,7 +42,7 @@ def all_specs() -> list:
 
 
 def test_every_preset_is_listed():
-    assert len(preset_names()) == 11
+    assert len(preset_names()) == 12
 
 
 @pytest.mark.parametrize("spec", all_specs())
@@ -48,17 +51,22 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     props = read_serving_properties(tmp_path)
     if props.get("model_id", "").startswith("s3://"):
         props["model_id"] = str(tmp_path)  # DJLServing downloads it and passes the local directory
-    config = HandlerConfig.from_properties({**props, "model_dir": str(tmp_path)})
-    backend = spec.resolved_backend
-    assert config.backend == backend
+    choice = choose(read_settings({**props, "model_dir": str(tmp_path)}), host(lookup(spec.instance_type)))
+    config, backend = choice.config, spec.resolved_backend
+    assert choice.backend.name == backend  # as the runtime resolves it on the spec's instance
     assert check_unknown_keys(props, backend_option_keys(backend)) == []
     if backend not in ("scripted", "vllm"):  # vllm presets set vLLM's own options
         assert check_unknown_keys(props, NEURONX_KEYS) == []
     assert config.tensor_parallel_degree == spec.tensor_parallel_degree
-    assert config.rolling == spec.rolling_batch
+    # The image's default mode: async on current LMI images (the handler's engine batches), sync on the last
+    # transformers-neuronx one; DJL's rolling batch only beside the sync engine.
+    assert config.async_mode == spec.resolved_async_mode == (spec.target_image.name == "djl-lmi" and
+                                                             spec.batch_size == 1)
+    assert config.rolling == (spec.rolling_batch and not config.async_mode)
     assert config.batch_size == (1 if spec.rolling_batch else spec.batch_size)
-    if spec.rolling_batch:
+    if config.rolling:
         assert props["rolling_batch"] == ("vllm" if backend == "vllm" else "scheduler")
+    if config.continuous:
         assert config.max_rolling_batch_size == spec.max_rolling_batch_size
     if spec.n_positions:
         assert props[spec.positions_key] == str(spec.n_positions)
@@ -66,7 +74,7 @@ def test_rendered_properties_parse_back_through_the_runtime(spec, tmp_path):
     assert props["model_loading_timeout"] == str(spec.model_loading_timeout)
     assert props["predict_timeout"] == str(spec.predict_timeout)
     text = (tmp_path / "serving.properties").read_text()
-    assert parse_directives(text) == {"instance_type": spec.instance_type}
+    assert parse_directives(text) == {"instance_type": spec.instance_type, "image": str(spec.target_image)}
 
 
 def test_rendered_model_py_is_the_two_line_shim(tmp_path):

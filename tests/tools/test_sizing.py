@@ -106,3 +106,14 @@ def test_int8_stores_layer_matrices_in_one_byte():
     count = arch.parameters()
     assert fp16.weights - int8.weights == count.quantizable
     assert int8.kv_cache == fp16.kv_cache
+
+
+def test_each_backends_head_layout_on_gpus():
+    """hf splits whole layers over GPUs; vLLM splits the heads, copying KV heads where there are fewer than GPUs."""
+    from lmi_tools.validation.sizing import head_layout
+
+    arch = read_architecture({**LLAMA_3_8B, "num_key_value_heads": 2})
+    assert head_layout("layers", arch, 4).effective_kv_heads == 2
+    assert head_layout("heads", arch, 4).effective_kv_heads == 4  # one copy of a KV head on each GPU
+    assert head_layout("heads", arch, 2).effective_kv_heads == 2
+    assert head_layout("padded", arch, 4) == neuron_head_layout(arch, 4)

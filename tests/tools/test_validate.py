@@ -175,17 +175,23 @@ def test_unset_n_positions_warns_and_sizes_for_the_model(tmp_path):
     assert "1 x 4096 tokens" in report.figures["kv cache"]
 
 
-@pytest.mark.parametrize("rolling, message", [
-    (None, "option.rolling_batch is not set"),
-    ("auto", "rewrites auto"),
+@pytest.mark.parametrize("image, rolling, warned", [
+    (None, None, False),  # djl-neuronx 0.30.0: unset is disable on a transformers-neuronx image
+    (None, "auto", True),
+    ("djl-lmi:0.29.0", None, True),  # unset is auto there, rewritten to lmi-dist or vllm
+    ("djl-lmi:0.36.0", None, False),  # from 0.35 on auto turns async mode on instead (check_mode)
 ])
-def test_rolling_batch_values_djl_would_change(tmp_path, rolling, message):
+def test_rolling_batch_values_djl_would_change(tmp_path, image, rolling, warned):
     props = {k: v for k, v in NEURON.items() if k != "option.rolling_batch"}
     if rolling:
         props["option.rolling_batch"] = rolling
     props.update({"option.tensor_parallel_degree": 2, "option.n_positions": 1024})
-    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
-    assert any(f.level == "warning" and message in f.message for f in by_check(report, "batching"))
+    directory = make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B)
+    if image:
+        (directory / "serving.properties").write_text(f"# lmi: image={image}\n" +
+                                                       (directory / "serving.properties").read_text())
+    report = validate_model_dir(directory)
+    assert any(f.level == "warning" and "rewrites auto" in f.message for f in by_check(report, "batching")) == warned
 
 
 def test_rolling_batch_with_dynamic_batch_is_an_error(tmp_path):
@@ -448,3 +454,36 @@ def test_a_draft_model_with_another_tokenizer_is_an_error_naming_both(tmp_path, 
     length = validate_model_dir(make_dir(tmp_path, {**props, "option.speculative_draft_model": "[ngram]",
                                                     "option.speculative_length": "40"}, "g5.xlarge", name="long"))
     assert any("option.speculative_length='40' is invalid" in f.message for f in length.errors)
+
+
+SYNC_HANDLE = "from djl_python import Output\n\ndef handle(inputs):\n    return None\n"
+ASYNC_HANDLE = "from djl_python import Output\n\nasync def handle(inputs):\n    return None\n"
+
+
+@pytest.mark.parametrize("model_py, refused", [(SYNC_HANDLE, True), (ASYNC_HANDLE, False), (SHIM, False)])
+def test_the_mode_of_a_current_vllm_image_and_a_handle_of_the_models_own(tmp_path, model_py, refused):
+    """A text-generation model with rolling_batch unset on djl-lmi 0.36: LMI's recommender turns async mode on,
+    which lmi_handlers answers and a plain handle() of the model's own cannot."""
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.tensor_parallel_degree": 4}
+    config = {**LLAMA_2_7B, "architectures": ["LlamaForCausalLM"]}
+    report = validate_model_dir(make_dir(tmp_path, props, "ml.g5.12xlarge", config, model_py=model_py))
+    [mode, *mismatch] = by_check(report, "mode")
+    assert mode.message.startswith("djl-lmi:0.36.0: DJL's async engine (option.rolling_batch is not set")
+    assert bool(mismatch) == refused and (not refused or mismatch[0].level == "error")
+    if refused:
+        assert "async def handle(inputs)" in mismatch[0].hint and "lmi_handlers.entrypoint" in mismatch[0].hint
+
+
+def test_the_last_neuronx_image_runs_sync_and_ignores_async_mode(tmp_path):
+    props = {**NEURON, "option.async_mode": "true", "option.tensor_parallel_degree": 2, "option.n_positions": 1024}
+    report = validate_model_dir(make_dir(tmp_path, props, "inf2.8xlarge", LLAMA_2_7B))
+    [mode] = by_check(report, "mode")
+    assert mode.level == "warning" and "djl-neuronx:0.30.0 (DJL 0.30.0) has only the synchronous engine" in mode.message
+
+
+def test_djls_batching_beside_async_mode_is_an_error(tmp_path):
+    props = {"engine": "Python", "option.entryPoint": "model.py", "option.tensor_parallel_degree": 4,
+             "option.async_mode": "true", "option.rolling_batch": "scheduler"}
+    report = validate_model_dir(make_dir(tmp_path, props, "ml.g5.12xlarge", LLAMA_2_7B))
+    [error] = report.errors
+    assert error.check == "mode" and "option.rolling_batch='scheduler'" in error.message

@@ -1,38 +1,43 @@
-"""``lmi validate`` and the runtime agree: on every preset and on generated configurations.
+"""``lmi validate`` and the runtime agree: on every preset, for every backend on every instance, and on generated
+configurations.
 
-The runtime side is the handler's init call as the container runs it: ``HandlerConfig.from_properties``, then
-the backend's ``Options.from_properties`` and its load plan from the registry - for neuronx with
-``NEURON_RT_VISIBLE_CORES`` set the way DJLServing sets it for a worker that owns the instance, for hf on the
-instance's GPU (or the CPU) with the weights already loaded. Agreement:
+The runtime side is the handler's init call as the container runs it, through the same resolver the handler calls
+(``lmi_handlers.deployment.resolve``), with the instance as its target: the handler's settings, the backend ``auto``
+picks there, its options, and its load plan on one of the instance's devices with the weights already loaded
+(``tensor_parallel_degree=max`` is every accelerator). Agreement:
 
 * the runtime refuses  =>  validate reports the runtime's own message as an error;
 * the runtime accepts  =>  validate's errors are only about the hardware (TP topology, memory, a backend
-  on the wrong kind of instance), and every warning the runtime would log is among validate's warnings.
+  on the wrong kind of instance); every warning the runtime would log is among validate's warnings, and validate
+  calls exactly the options unknown that the runtime does not read; the batch validate sizes for is the batch the
+  backend runs with (vLLM's: the ``max_num_seqs`` the runtime passes).
 """
 
 from __future__ import annotations
 
 import json
-import os
+import re
 import tempfile
 from pathlib import Path
-from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from lmi_handlers.backends.base import DeviceMemory
-from lmi_handlers.backends.registry import for_instance
-from lmi_handlers.config import ConfigError, HandlerConfig, check_unknown_keys
-from lmi_tools.instances import GIB, INSTANCES, Instance
-from lmi_tools.modeldir.properties import read_serving_properties
+from lmi_handlers.backends.registry import NAMES
+from lmi_handlers.backends.vllm.options import LMI_NAMES
+from lmi_handlers.config import HANDLER_KEYS, SERVER_KEYS, ConfigError
+from lmi_handlers.deployment import Deployment, Model, resolve
+from lmi_tools.instances import INSTANCES, Instance
+from lmi_tools.modeldir.image import target_image
+from lmi_tools.modeldir.properties import parse_directives, read_serving_properties
 from lmi_tools.modeldir.render import write_model_dir
 from lmi_tools.modeldir.resources import known_model_config, preset_names, preset_spec
 from lmi_tools.modeldir.spec import load_spec
 from lmi_tools.models.architecture import load_config, read_architecture
+from lmi_tools.validation.runtime import host
 from lmi_tools.validation.sizing import gpu_head_layout, weight_bytes
-from lmi_tools.validation.validate import validate_model_dir
+from lmi_tools.validation.validate import Report, validate_model_dir
 
 from .model_shapes import LLAMA_2_7B
 
@@ -53,53 +58,62 @@ MODEL_CONFIGS.update({
 })
 
 
-def runtime_verdict(props: dict[str, str], model: dict, instance: Instance, model_dir: Path
-                    ) -> tuple[str | None, list[str]]:
-    """The runtime's refusal (its ``ConfigError`` text), or the warnings it logs while accepting."""
-    # As validate plans it: "max" is every accelerator of the instance (on a GPU instance the backend error says
-    # neuronx cannot run there at all; the planner's other verdicts must still agree).
-    cores = {"NEURON_RT_VISIBLE_CORES": f"0-{instance.cores - 1}"}
-    with mock.patch.dict(os.environ, cores):
-        try:
-            config = HandlerConfig.from_properties({**props, "model_dir": str(model_dir)})
-            # In an LMI container "auto" is the first backend the image of that instance can run.
-            backend = for_instance(config.backend, instance.family)
-            warnings = check_unknown_keys(config.properties, backend.keys)
-            options = backend.options(config.properties)  # every backend parses its options first thing at load
-            if backend.plan is not None:
-                plan = backend.plan(config, options, model, loaded_memory(config, options, backend, model, instance))
-                warnings += plan.warnings
-        except ConfigError as exc:
-            return str(exc), []
-    return None, warnings
-
-
-def loaded_memory(config: HandlerConfig, options, backend, model: dict, instance: Instance) -> DeviceMemory:
-    """What the hf backend measures after its weights load on one of the instance's GPUs (``option.device`` as it
-    resolves it; nothing to measure on the CPU): the weights in the dtype it loads them in, spread over the TP
-    degree's GPUs."""
-    device = config.device if config.device != "auto" else ("cuda" if instance.kind == "gpu" else "cpu")
-    if device != "cuda":
-        return DeviceMemory("cpu")
-    total = instance.memory_per_core_gib * GIB
-    dtype_plan = backend.plan(config, options, model, DeviceMemory("cuda", 1 << 62))
-    tp = config.tensor_parallel_degree or instance.cores
+def runtime(props: dict[str, str], model: dict, instance: Instance, model_dir: Path) -> Deployment | str:
+    """The deployment the handler's init call resolves on ``instance`` in the image the directory targets, DJL's mode
+    decided there (the weights sized as the runtime measures them once loaded), or its refusal (the
+    ``ConfigError``'s text)."""
     arch = read_architecture(model)
-    return DeviceMemory("cuda", total, weight_bytes(arch, gpu_head_layout(arch, tp), dtype_plan.dtype,
-                                                   dtype_plan.int8) // tp)
+    weights = Model(model, lambda dtype, int8: weight_bytes(arch, gpu_head_layout(arch, 1), dtype, int8))
+    directives = parse_directives((model_dir / "serving.properties").read_text(encoding="utf-8"))
+    try:
+        image = target_image(directives, instance.family, props)
+        return resolve({**props, "model_dir": str(model_dir)}, host(instance, image), weights)
+    except ConfigError as exc:
+        return str(exc)
 
 
-def assert_agree(model_dir: Path, model: dict, instance: Instance) -> None:
+def assert_agree(model_dir: Path, model: dict, instance: Instance) -> Report:
     props = read_serving_properties(model_dir)
-    refusal, warnings = runtime_verdict(props, model, instance, model_dir)
+    deployment = runtime(props, model, instance, model_dir)
     report = validate_model_dir(model_dir, instance.name, model_dir / "config.json")
     errors = [f"{f.check}: {f.message}" for f in report.errors]
-    if refusal is not None:
-        assert any(f.message == refusal for f in report.errors), (refusal, errors)
-        return
+    if isinstance(deployment, str):
+        assert any(f.message == deployment for f in report.errors), (deployment, errors)
+        return report
     assert all(f.check in HARDWARE_CHECKS for f in report.errors), errors
     reported = {f.message for f in report.warnings}
-    assert set(warnings) <= reported, (set(warnings) - reported)
+    assert set(deployment.warnings) <= reported, (set(deployment.warnings) - reported)
+    unknown = {f.message for f in report.warnings if f.check == "options" and " ignored" in f.message}
+    assert unknown == set(deployment.unknown_keys())
+    assert_reads_what_it_keeps(deployment)
+    assert_sizes_the_batch_it_runs(deployment, report)
+    return report
+
+
+def assert_reads_what_it_keeps(deployment: Deployment) -> None:
+    """An option the runtime calls unknown is one it does not pass on, and one it does not call unknown is one it
+    reads: for vLLM, an LMI name or a pass-through engine argument (``tests/vllm/test_vllm_engine_args.py`` holds
+    their list to the installed vLLM)."""
+    if deployment.backend.name != "vllm":
+        return  # the other backends read their options by name, each key a field of their Options
+    warned = {re.search(r"option\.(\S+)", w).group(1) for w in deployment.unknown_keys()}
+    passed = {key for key, _ in deployment.options.passthrough}
+    kept = set(deployment.config.properties) - warned - HANDLER_KEYS - SERVER_KEYS
+    assert not warned & passed, warned & passed
+    assert kept <= set(LMI_NAMES) | passed, kept - set(LMI_NAMES) - passed
+
+
+def assert_sizes_the_batch_it_runs(deployment: Deployment, report: Report) -> None:
+    """The batch the plan (and so validate) sizes for is the one the backend runs with: vLLM's engine is given
+    ``max_num_seqs`` from the options; the other backends load by the plan itself."""
+    plan = deployment.plan
+    if plan is None:
+        return
+    if deployment.backend.name == "vllm":
+        assert plan.batch_size == deployment.options.engine_args("model").get("max_num_seqs")
+    if deployment.config.continuous and not any(f.check == "backend" for f in report.errors):  # else not checked
+        assert any(f.message.endswith(f": up to {plan.batch_size} sequences per step")
+                   for f in report.findings if f.check == "batching"), report.findings
 
 
 def write_dir(root: Path, props: dict[str, str], model: dict) -> Path:
@@ -126,7 +140,7 @@ def _integers(*values: int) -> st.SearchStrategy[str]:
 BUCKETS = st.lists(st.sampled_from([128, 256, 512, 1024, 2048, 4096, 8192]), min_size=1, max_size=4).map(
     lambda values: ",".join(map(str, values)))
 OPTIONS = st.fixed_dictionaries({}, optional={
-    "backend": st.sampled_from(["auto", "neuronx", "hf"]),
+    "backend": st.sampled_from(NAMES),
     "tensor_parallel_degree": st.sampled_from(["1", "2", "3", "4", "8", "12", "16", "24", "max", "0", "two"]),
     "n_positions": st.one_of(_integers(128, 512, 1024, 2048, 4096, 8192, 16384), st.just("4k")),
     "context_length_estimate": st.one_of(BUCKETS, st.just("256,abc")),
@@ -155,6 +169,14 @@ OPTIONS = st.fixed_dictionaries({}, optional={
     "enable_prefix_caching": st.sampled_from(["true", "maybe"]),
     "cpu_linear_kernel": st.sampled_from(["stock", "onednn", "compiled", "mkl"]),
     "cpu_attention_kernel": st.sampled_from(["torch", "compiled"]),
+    # vLLM's: its own name for the batch size, engine arguments it passes through, and ones it has not.
+    "max_num_seqs": _integers(16, 256),
+    "kv_cache_dtype": st.sampled_from(["auto", "fp8"]),
+    "enforce_eager": st.sampled_from(["true", "false"]),
+    "swap_space": _integers(4),
+    "max_num_seq": _integers(8),
+    "enable_lora": st.sampled_from(["true", "false"]),
+    "max_lora_rank": _integers(8, 64, 1024),
 })
 
 
@@ -186,6 +208,22 @@ def test_generated_configurations(options, model_name, instance):
         assert_agree(write_dir(Path(root), options, model), model, INSTANCES[instance])
 
 
+#: Options every backend is asked about on every instance: one vLLM passes through (the issue's), one it reads under
+#: LMI's name, and one nobody reads; the batch size left to its default (the issue's other one: LMI sends 32).
+EVERY_BACKEND = {"num_gpu_blocks_override": "512", "enforce_eager": "true", "max_new_token": "5",
+                 "rolling_batch": "scheduler", "n_positions": "2048"}
+
+
+@pytest.mark.parametrize("instance", sorted(INSTANCES))
+@pytest.mark.parametrize("backend", NAMES)
+def test_every_backend_on_every_instance(backend, instance, tmp_path):
+    model = MODEL_CONFIGS["meta-llama--Meta-Llama-3-8B"]
+    report = assert_agree(write_dir(tmp_path, {"backend": backend, **EVERY_BACKEND}, model), model, INSTANCES[instance])
+    if report.backend == "vllm":  # the issue's: vLLM reads num_gpu_blocks_override, and runs LMI's 32 sequences
+        assert not any("num_gpu_blocks_override" in f.message for f in report.warnings)
+        assert any("up to 32 sequences" in f.message for f in report.findings)
+
+
 @pytest.mark.parametrize("buckets, refused", [("256,512", True), ("256,512,2048", False)])
 def test_the_issues_examples(tmp_path, buckets, refused):
     """Llama on inf2.xlarge, continuous batching, n_positions=2048: the largest bucket must equal it."""
@@ -200,9 +238,8 @@ def test_the_issues_examples(tmp_path, buckets, refused):
 
 
 def test_validate_reads_the_tool_call_options_as_the_handler_does(tmp_path):
-    from lmi_handlers.config import ConfigError
-    from lmi_tools.modeldir.handler_config import handler_config
+    from lmi_tools.modeldir.handler_config import settings
 
     with pytest.raises(ConfigError, match="option.tool_call_parser='mistral'"):
-        handler_config({"tool_call_parser": "mistral"}, str(tmp_path))
-    assert handler_config({"enable_auto_tool_choice": "true", "tool_call_parser": "hermes"}, str(tmp_path))
+        settings({"tool_call_parser": "mistral"}, str(tmp_path))
+    assert settings({"enable_auto_tool_choice": "true", "tool_call_parser": "hermes"}, str(tmp_path)).tools.auto

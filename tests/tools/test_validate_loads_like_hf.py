@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from lmi_handlers.config import ConfigError, HandlerConfig
+from lmi_handlers.config import ConfigError
 from lmi_tools.validation.validate import validate_model_dir
 
 pytest.importorskip("torch")
@@ -24,9 +24,9 @@ def model_dir(root: Path, weights: Path, options: dict[str, str]) -> Path:
 
 
 def load(weights: Path, options: dict[str, str]):
-    from lmi_handlers.backends.registry import load_backend
+    from lmi_handlers.deployment import resolve
 
-    return load_backend(HandlerConfig.from_properties({"backend": "hf", "model_id": str(weights), **options}))
+    return resolve({"backend": "hf", "model_id": str(weights), **options}).load()
 
 
 @pytest.mark.parametrize("pool", [{}, {"kv_cache_memory_bytes": "40000"}, {"num_gpu_blocks_override": "7"}])

@@ -45,7 +45,7 @@ def test_templates_presets_and_configs_are_in_the_wheel(wheel):
     for template in (ROOT / "model_templates").glob("*.j2"):
         assert f"lmi_tools/model_templates/{template.name}" in names
     presets = sorted((ROOT / "serving_properties").glob("*/spec.toml"))
-    assert len(presets) == 11
+    assert len(presets) == 12
     for spec in presets:
         assert f"lmi_tools/serving_properties/{spec.parent.name}/spec.toml" in names
     for config in (ROOT / "serving_properties" / "model_configs").glob("*.json"):
@@ -82,7 +82,7 @@ def test_installed_wheel_finds_its_data(wheel, tmp_path):
                             check=True, timeout=60)
     templates, count = result.stdout.split()
     assert Path(templates) == site / "lmi_tools" / "model_templates"
-    assert count == "11"
+    assert count == "12"
     new = subprocess.run([sys.executable, "-m", "lmi_tools", "new", "-p", "opt-13b-inf2-48xlarge", "opt"],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert new.returncode == 0, new.stderr

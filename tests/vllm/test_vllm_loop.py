@@ -45,8 +45,10 @@ def loop_over(engine, seeds_stop_engine=False):
 
 
 def sequence(uid, body):
-    seq = SequenceState(parse_payload(body, 30).requests[0], [5, 6, 7], decode=lambda ids: "", eos_ids=(2,),
-                        seed=1234)
+    request = parse_payload(body, 30).requests[0]
+    # As job.py seeds it: the client's own seed, else one the server drew
+    seed = request.sampling.seed if request.sampling.seed is not None else 1234
+    seq = SequenceState(request, [5, 6, 7], decode=lambda ids: "", eos_ids=(2,), seed=seed)
     seq.uid = uid
     return seq
 

@@ -54,3 +54,22 @@ def test_a_guided_decoding_constraint_and_an_adapter_pass_through():
     constraint, adapter = StructuredOutputsParams(choice=["yes", "no"]), object()
     made = vllm_request(seq, (2,), structured_outputs=constraint, lora_request=adapter)
     assert made.params.structured_outputs is constraint and made.lora_request is adapter
+
+
+def test_the_temperature_range_is_vllms_own_at_both_ends():
+    """One rule for both engines (``schemas.MAX_TEMPERATURE``): what the request schema accepts, vLLM's
+    ``SamplingParams`` accepts; just past it, both refuse."""
+    import vllm
+    from vllm.exceptions import VLLMValidationError
+
+    from lmi_handlers.errors import InvalidRequest
+    from lmi_handlers.schemas import MAX_TEMPERATURE
+
+    for temperature in (0.01, 1.0, MAX_TEMPERATURE):
+        chat = {"messages": [{"role": "user", "content": "x"}], "temperature": temperature}
+        assert request_for(chat).params.temperature == temperature
+    past = MAX_TEMPERATURE + 0.01
+    with pytest.raises(InvalidRequest, match=r"temperature: expected a number in \[0, 2\]"):
+        request_for({"messages": [{"role": "user", "content": "x"}], "temperature": past})
+    with pytest.raises(VLLMValidationError, match=r"temperature must be in \[0, 2\]"):
+        vllm.SamplingParams(temperature=past)

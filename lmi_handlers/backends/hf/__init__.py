@@ -10,18 +10,26 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from typing import Any
 
+from ...adapters import AdapterRule
 from ...config import HandlerConfig
 from ...errors import ConfigError
 from ..base import Backend, check_model_files
+from .lora import REFUSED
 from .options import KEYS
 from .options import HfOptions as Options
 from .plan import plan
 
-__all__ = ["INSTANCE_FAMILIES", "KEYS", "Options", "available", "check_files", "load", "plan"]
+__all__ = ["ADAPTERS", "HEAD_LAYOUT", "INSTANCE_FAMILIES", "KEYS", "Options", "available", "check_files", "load",
+           "plan"]
 
 #: The machine's own CPU (``lmi serve``) and the GPU families.
 INSTANCE_FAMILIES = ("cpu", "g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en")
+#: LoRA adapters on the decoder's linear layers, of any rank ``option.max_lora_rank`` allows (``lora.py``).
+ADAPTERS = AdapterRule(refused_modules=REFUSED)
+#: Several GPUs take whole layers each (``device_map="auto"``): the heads stay as the model has them.
+HEAD_LAYOUT = {"gpu": "layers"}
 
 
 def available() -> str | None:
@@ -44,9 +52,14 @@ def check_files(config: HandlerConfig, options: Options) -> None:
     check_draft_tokenizer(config.model_id, draft, target, load_draft_tokenizer(draft))
 
 
-def load(config: HandlerConfig) -> Backend:
-    if not config.properties.get("gguf_file"):  # a GGUF file carries its own config and tokenizer
+def load(deployment: Any) -> Backend:
+    config = deployment.config
+    if not deployment.options.gguf_file:  # a GGUF file carries its own config and tokenizer
         check_model_files(config.model_id)
+    if deployment.embedding:  # option.task=text-embedding: vectors, not text (pooling.py)
+        from .pooling import HFPooler
+
+        return HFPooler(config)  # type: ignore[return-value]
     from .backend import HFBackend
 
-    return HFBackend(config)
+    return HFBackend(config, deployment.options)

@@ -28,23 +28,26 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from ...config import ConfigError, HandlerConfig
+from ...dtypes import LONG
+from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import WIDE_ROWS, check_target, choose, default_threads
+from .cpu.common import WIDE_ROWS
+from .cpu.kernels import check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
 from .lora import LoraRows, load_lora
 from .output_projection import SLICE, split_output_projection
 from .packed_attention import PACKED_ATTENTION, Packed, packed_attention, switch_attention
-from .options import KEYS, HfOptions
+from .options import HfOptions
 from .paged_cache import BlockManager, PoolPlan, make_paged_cache
-from .plan import HfPlan, plan, resolve_dtype
+from .plan import HfPlan, plan
 from .quantize import model_bytes, quantize_weights
 from ..sampler import HONOURED_FIELDS, select_tokens
 from ...structured.masks import GrammarMasks
-from .tokenizer import HFTokenizer
+from ..tokenizer import HFTokenizer
 from .speculative import (SPECULATIVE_KEYS, DraftProposer, SpeculativeOptions, Speculator, check_draft_tokenizer,
                           load_draft_tokenizer)
 
@@ -71,8 +74,7 @@ def torch_dtype(torch: Any, dtype: str, device: str, model_dir: str, **source: A
         from transformers import AutoConfig
 
         stored = AutoConfig.from_pretrained(model_dir, **source).to_dict()
-    name = resolve_dtype(dtype, device, stored)
-    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+    return getattr(torch, LONG[resolve_dtype(dtype, device, stored)])
 
 
 def gguf_source(config: HandlerConfig, name: str | None) -> dict[str, str]:
@@ -95,11 +97,10 @@ class HFBackend:
     name = "hf"
     #: Constrained requests are sampled under their grammar's token masks (``structured/masks.py``).
     structured_output = True
-    option_keys = KEYS
     #: min_p, penalties, logit_bias and top_logprobs, applied by ``sampler.select_tokens``.
     request_fields = HONOURED_FIELDS
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: HfOptions):
         import torch
         import transformers
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -118,7 +119,6 @@ class HFBackend:
                 torch.set_num_threads(self.threads.narrow)
                 logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
                             "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
-        options = HfOptions.from_properties(config.properties)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -202,7 +202,8 @@ class HFBackend:
             props = {k: v for k, v in config.properties.items() if k not in skip}
             if options.draft_quantize:
                 props["quantize"] = options.draft_quantize
-            model = HFBackend(dataclasses.replace(config, model_id=options.draft, properties=props))
+            model = HFBackend(dataclasses.replace(config, model_id=options.draft, properties=props),
+                              HfOptions.from_properties(props))
             if not isinstance(model.runner, PagedRunner):
                 raise ConfigError("speculative_draft_model", options.draft, "the draft's architecture cannot use "
                                   "the paged KV cache; pick a draft the target's runner supports, or [ngram]")

@@ -10,8 +10,8 @@ products per module for all its tokens (``LoraRows``), not one per adapter. A ba
 base modules alone.
 
 Refused at registration, naming the adapter: a target that is not a linear layer of the decoder (embeddings,
-the output projection), a module the model does not have, or shapes that do not match the model (an adapter
-trained for another base model).
+the output projection), a name in ``target_modules`` or a weight's module that the model does not have, shapes
+that do not match the model (an adapter trained for another base model), or a weights file that does not load.
 """
 
 from __future__ import annotations
@@ -19,10 +19,11 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
-from ...adapters import AdapterSpec
+from ...adapters import WEIGHTS, AdapterSpec
 from ...errors import InvalidRequest
 
 logger = logging.getLogger(__name__)
@@ -123,6 +124,7 @@ class LoraBatch:
 
 def load_lora(torch: Any, model: Any, rows: LoraRows, spec: AdapterSpec) -> LoraWeights:
     """``spec``'s factors on the model's device and dtype, checked against the model; wraps the modules it adapts."""
+    _check_targets(model, spec)
     state = _read_state(torch, spec)
     dtype = next(model.parameters()).dtype
     pairs: dict[str, dict[str, Any]] = {}
@@ -154,15 +156,51 @@ def load_lora(torch: Any, model: Any, rows: LoraRows, spec: AdapterSpec) -> Lora
 
 
 def _read_state(torch: Any, spec: AdapterSpec) -> dict[str, Any]:
-    path = os.path.join(spec.src, "adapter_model.safetensors")
-    if os.path.isfile(path):
-        from safetensors.torch import load_file
+    """The adapter's tensors by name; its file was checked at registration (``adapters.read_adapter``), yet a file
+    can still fail to load (a tensor's bytes that do not fit its dtype): a 400 naming the adapter and the file."""
+    name = WEIGHTS[0] if os.path.isfile(os.path.join(spec.src, WEIGHTS[0])) else WEIGHTS[1]
+    try:
+        if name == WEIGHTS[0]:
+            from safetensors.torch import load_file
 
-        return load_file(path)
-    path = os.path.join(spec.src, "adapter_model.bin")
-    if os.path.isfile(path):
-        return torch.load(path, map_location="cpu", weights_only=True)
-    raise _refused(spec, "no adapter_model.safetensors or adapter_model.bin in its folder")
+            state = load_file(os.path.join(spec.src, name))
+        else:
+            state = torch.load(os.path.join(spec.src, name), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - whatever the loaders raise on a bad file is the file's fault: name it
+        raise _refused(spec, f"{name} cannot be loaded: {type(exc).__name__}: {str(exc)[:200]}") from None
+    if not isinstance(state, dict) or not all(isinstance(t, torch.Tensor) for t in state.values()):
+        raise _refused(spec, f"{name} does not hold a mapping of names to tensors")
+    return state
+
+
+def _check_targets(model: Any, spec: AdapterSpec) -> None:
+    """Every name in ``target_modules`` names modules of this model, matched as peft matches them (a module's full
+    name, or its last parts after a dot; a string config is a pattern of whole names); ``all-linear`` matches any
+    model. peft itself skips a listed name that matches nothing; here it means another base model."""
+    names = [name for name, _ in model.named_modules() if name and not name.endswith(".lora_base")]
+    if spec.pattern is not None:
+        try:
+            pattern = re.compile(spec.pattern)
+        except re.error as exc:
+            raise _refused(spec, f"target_modules {spec.pattern!r} is not a regular expression ({exc})") from None
+        if spec.pattern != "all-linear" and not any(pattern.fullmatch(name) for name in names):
+            raise _refused(spec, f"target_modules {spec.pattern!r} matches no module of this model: it was trained "
+                                 f"for another base model ({spec.base_model or 'not named'})")
+        return
+    missing = [t for t in spec.targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        linear = sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if _is_linear(module)})
+        raise _refused(spec, f"target_modules names {', '.join(missing)}, which this model does not have (its "
+                             f"linear layers: {', '.join(linear[:20])}): it was trained for another base model "
+                             f"({spec.base_model or 'not named'})")
+
+
+def _is_linear(module: Any) -> bool:
+    try:
+        _features(module)
+    except (ValueError, AttributeError):
+        return False
+    return True
 
 
 def _target(model: Any, spec: AdapterSpec, name: str) -> Any:

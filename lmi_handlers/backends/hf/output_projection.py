@@ -2,7 +2,7 @@
 
 On CPU, MKL multiplies a few rows by a large vocabulary matrix (SmolLM2: 49,152 x 576, 113 MB) faster from a few
 rows up when the matrix is taken ``SLICE`` vocabulary rows at a time than in one product
-(``benchmarks/engine.py projection``; figures in docs/optimizations.md, "Measured figures"); for one row it picks a matrix-vector kernel that gains nothing, so
+(``benchmarks/engine.py projection``; figures in docs/engine.md, "Figures"); for one row it picks a matrix-vector kernel that gains nothing, so
 one-row calls keep the stock product. Each logit is still one dot product over the hidden size in the same
 kernel, so the logits come out bit for bit the same, and greedy output still equals ``model.generate``. A
 check at load confirms it on this machine's BLAS and keeps the stock product wherever it does not hold.

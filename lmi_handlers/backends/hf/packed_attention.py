@@ -26,7 +26,7 @@ PACKED_ATTENTION = "lmi_packed"
 PACKED_ATTENTION_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "phi3", "olmo2", "granite"})
 # On the CPU the decode rows attend in equal groups whose gathered keys and values take about this much, so that
 # the two products read a copy still in cache: faster than all rows at once, the more so the longer the contexts,
-# and faster than groups of half the size (docs/optimizations.md, "Measured figures"); the tiny models' rows fit
+# and faster than groups of half the size (docs/engine.md, "Figures"); the tiny models' rows fit
 # one group.
 DECODE_GATHER_BYTES = 4 << 20
 

@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ...config import HandlerConfig
-from ...model_config import DEFAULT_POSITIONS, kv_shape, max_positions, stored_dtype
+from ...dtypes import BYTES as DTYPE_BYTES
+from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_dtype
 from ..base import DeviceMemory
 from .cpu.kernels import check_target
 from .options import HfOptions
 from .paged_cache import PoolPlan, plan_pool
-
-DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 
 
 @dataclass(frozen=True)
@@ -69,16 +68,6 @@ def plan(config: HandlerConfig, options: HfOptions, model_config: Mapping[str, A
                   kv_bytes_per_token=per_token, pool=pool, int8=options.quantize is not None)
 
 
-def resolve_dtype(dtype: str, device: str, model_config: Mapping[str, Any]) -> str:
-    """``option.dtype`` (fp32, fp16, bf16 or auto) on ``device``, as the weights will load."""
-    if dtype != "auto":
-        return dtype
-    if device == "cpu":
-        return "fp32"
-    stored = stored_dtype(model_config)
-    return stored if stored in ("fp16", "bf16") else "fp16"
-
-
 def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> int:
     length = max_positions(model_config) or DEFAULT_POSITIONS
     if config.max_model_len:
@@ -87,9 +76,3 @@ def sequence_length(config: HandlerConfig, model_config: Mapping[str, Any]) -> i
     if isinstance(window, int) and not isinstance(window, bool) and 0 < window < length:
         length = window
     return length
-
-
-def kv_bytes_per_token(model_config: Mapping[str, Any], element_size: int) -> int:
-    """Bytes of keys and values one token takes across all layers."""
-    layers, kv_heads, head_dim = kv_shape(model_config)
-    return 2 * layers * kv_heads * head_dim * element_size

@@ -9,7 +9,7 @@ activations take a path much slower than an fp32 matmul), where the device has i
 matmul with the weight cast back on the fly.
 
 With tied embeddings (SmolLM2, Llama-3.2) the LM head becomes an int8 copy beside the full-precision input
-table. ``docs/optimizations.md`` has the measured memory, speed and quality, and the kernels that were tried.
+table. ``docs/engine.md`` ("Figures") has the measured memory, speed and quality, and the kernels that were tried.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ...errors import ConfigError
 METHODS = ("static_int8",)
 #: From this many rows (prompt tokens of a prefill, or sequences of a decode batch) an int8 layer dequantizes into
 #: a GEMM instead of ``_weight_int8pack_mm``: the kernel keeps up with the fp32 GEMM for a few rows only
-#: (docs/optimizations.md).
+#: (docs/engine.md, "Figures").
 GEMM_ROWS = 16
 
 

@@ -12,10 +12,13 @@ from ..base import Backend, DeviceMemory, check_model_files
 from .options import KEYS, CompileSettings, plan_compile
 from .options import NeuronxOptions as Options
 
-__all__ = ["INSTANCE_FAMILIES", "KEYS", "LENGTH_KEY", "Options", "available", "load", "plan"]
+__all__ = ["HEAD_LAYOUT", "INSTANCE_FAMILIES", "KEYS", "LENGTH_KEY", "Options", "available", "load", "plan"]
 
 #: Inferentia2 and Trainium: the backend compiles for their NeuronCores.
 INSTANCE_FAMILIES = ("inf2", "trn1", "trn1n", "trn2")
+#: transformers-neuronx pads the heads to a multiple of the TP degree (and replicates KV heads where they do not
+#: shard).
+HEAD_LAYOUT = {"neuron": "padded"}
 #: The option that bounds prompt + output tokens (what transformers-neuronx compiles for).
 LENGTH_KEY = "n_positions"
 
@@ -34,8 +37,8 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
     return plan_compile(config, options, model_config)
 
 
-def load(config: HandlerConfig) -> Backend:
-    check_model_files(config.model_id)
+def load(deployment: Any) -> Backend:
+    check_model_files(deployment.config.model_id)
     from .backend import NeuronxBackend
 
-    return NeuronxBackend(config)
+    return NeuronxBackend(deployment.config, deployment.options)

@@ -32,9 +32,9 @@ from ...request import GenerationRequest, SamplingParams, Schema, StoppingParams
 from ...sequence import Chunk, SequenceState
 from ..base import split_batch
 from ..sampler import HONOURED_FIELDS
-from ..hf.tokenizer import HFTokenizer
+from ..tokenizer import HFTokenizer
 from .artifacts import ArtifactStore
-from .options import KEYS, CompileSettings, NeuronxOptions, plan_compile
+from .options import CompileSettings, NeuronxOptions, plan_compile
 from .runners import ContinuousRunner, NaiveRunner
 
 logger = logging.getLogger(__name__)
@@ -48,12 +48,11 @@ class NeuronxBackend:
     """transformers-neuronx on NeuronCores; see the module docstring."""
 
     name = "neuronx"
-    option_keys = KEYS
     kv = None  # the compiled graphs hold one KV row per batch slot
     chunked_prefill = False
     request_fields = HONOURED_FIELDS  # tokens are chosen by ``sampler.select_tokens``, as on hf
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: NeuronxOptions):
         import torch
         from transformers import AutoConfig, AutoTokenizer
 
@@ -61,7 +60,6 @@ class NeuronxBackend:
         common = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             common["revision"] = str(config.properties["revision"])
-        options = NeuronxOptions.from_properties(config.properties)
         model_config = AutoConfig.from_pretrained(config.model_id, **common)
         self.settings = plan_compile(config, options, model_config.to_dict())
         for warning in self.settings.warnings:

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 from ...config import HandlerConfig, parse_bool, parse_choice, parse_int
 from ...errors import ConfigError
+from ...dtypes import LONG
 from ...model_config import DEFAULT_POSITIONS, max_positions, stored_dtype
 
 #: HF ``model_type`` -> transformers-neuronx class (the library's own auto-class mapping).
@@ -33,7 +34,7 @@ AMPS = ("f32", "f16", "bf16")
 DTYPE_TO_AMP = {"fp32": "f32", "fp16": "f16", "bf16": "bf16"}
 AMP_TO_DTYPE = {amp: dtype for dtype, amp in DTYPE_TO_AMP.items()}
 GQA_VALUES = ("shard-over-heads", "shard-over-batch", "replicated-heads", "all-gather-heads")
-TORCH_DTYPES = ("float32", "float16", "bfloat16")
+TORCH_DTYPES = tuple(LONG.values())
 #: The options this backend reads (the names DJLServing's transformers-neuronx handler uses).
 KEYS = frozenset({
     "n_positions", "context_length_estimate", "compiled_graph_path", "load_in_8bit", "quantize",
@@ -175,7 +176,7 @@ def plan_compile(config: HandlerConfig, options: NeuronxOptions, model: Mapping[
     if model_type not in MODEL_CLASSES:
         raise ConfigError("model_id", config.model_id, f"its config.json says model_type={model_type!r}; the "
                           f"neuronx backend serves {', '.join(sorted(MODEL_CLASSES))}")
-    batch = config.max_rolling_batch_size if config.rolling else config.batch_size
+    batch = config.max_rolling_batch_size if config.continuous else config.batch_size
     tp = _tp_degree(config)
     amp = _amp(config, options, model)
     n_positions = _n_positions(options, model, model_type)

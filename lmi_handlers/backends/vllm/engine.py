@@ -1,4 +1,5 @@
-"""vLLM's engine, driven by the handler: ``VllmBackend`` builds it at the init call, ``VllmLoop`` runs it.
+"""vLLM's engine, driven by the handler: ``VllmBackend`` configures it at the init call; in DJL's sync mode
+``VllmLoop`` builds and runs vLLM's ``LLMEngine``, in async mode ``async_engine.py`` drives its ``AsyncLLM``.
 
 vLLM brings its own scheduler, KV cache and parallelism, so this backend brings its own step loop instead of our
 ``Engine``: ``VllmLoop`` has the same surface (``add``, ``cancel``, ``step``, ``run``...). Each ``step`` (one per
@@ -17,31 +18,25 @@ from __future__ import annotations
 
 import glob
 import logging
-import multiprocessing
-import multiprocessing.connection
-import os
-import threading
 import time
 from typing import Any, Iterator, Sequence
 
-from ...adapters import AdapterSpec, LoraOptions, vllm_engine_args, vllm_lora_request
+from ...adapters import AdapterSpec, LoraOptions
 from ...config import HandlerConfig
-from ...errors import ConfigError, EngineStopped, InvalidRequest, invalid_field, status_of
-from ...events import Event, FinishReason
-from ...schemas import Schema
+from ...errors import ConfigError, EngineStopped
+from ...events import Event
 from ...sequence import SequenceState
 from ...structured.tools import Parser, ToolCalling, ToolOptions
-from ...structured.vllm import check_tool_parser, structured_outputs_params, tool_call_parser
-from ..hf.tokenizer import HFTokenizer
-from .options import KEYS, Options, engine_arg_defaults
-from .sampling import EXTRA_FIELDS, vllm_request
-from .stats import stat_logger
+from .structured import check_tool_parser, structured_outputs_params, tool_call_parser
+from ..tokenizer import HFTokenizer
+from .adapters import vllm_engine_args, vllm_lora_request
+from .options import Options, engine_arg_defaults
+from .sampling import EXTRA_FIELDS, append_output, check_request, vllm_request
+from .stats import engine_stats, stat_logger
+from .watch import EXIT_DELAY, EngineWatch, engine_dead, request_error
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
-#: Seconds between answering the requests of a stopped engine and this process's exit: the answers reach the
-#: socket first.
-EXIT_DELAY = 1.0
 
 
 class VllmBackend:
@@ -52,30 +47,36 @@ class VllmBackend:
     chunked_prefill = False
     request_fields = frozenset(EXTRA_FIELDS)
     #: Constrained requests go to vLLM's own structured outputs, ``auto`` tool calls to vLLM's own tool parsers
-    #: (``structured/vllm.py``).
+    #: (``structured.py``).
     structured_output = True
+    #: ``option.reasoning_parser`` reaches vLLM as its engine argument: its structured outputs wait for the end of
+    #: the reasoning (``structured/reasoning.py``).
+    reasoning_aware = True
+    #: Engine arguments a subclass sets whatever the options say (the pooler: vLLM's pooling runner).
+    engine_overrides: dict[str, Any] = {}
 
-    def __init__(self, config: HandlerConfig):
+    def __init__(self, config: HandlerConfig, options: Options, tools: ToolOptions, lora: LoraOptions):
         import vllm
         from vllm import EngineArgs
         from vllm.config import StructuredOutputsConfig
 
         try:
-            from vllm.v1.engine.llm_engine import LLMEngine
+            import vllm.v1.engine.llm_engine  # noqa: F401 - the V1 engine this backend drives
         except ImportError:
             raise ConfigError("rolling_batch", "vllm", f"this Python has vLLM {vllm.__version__}, without the V1 "
                               "engine this backend drives (vLLM 0.8 or later; tested with 0.32); use an LMI image "
                               "with a newer vLLM, or option.rolling_batch=auto") from None
 
-        self.options = Options.from_properties(config.properties)
-        self.tokenizer = _tokenizer(config, self.options)
-        tool_parser = ToolOptions.from_properties(config.properties).parser
-        if tool_parser is not None:
-            check_tool_parser(self.tokenizer.hf, tool_parser)  # before vLLM's start, which takes minutes
+        self.options = options
+        self.tokenizer = _tokenizer(config, options)
+        if tools.parser is not None:
+            check_tool_parser(self.tokenizer.hf, tools.parser)  # before vLLM's start, which takes minutes
         accepted = engine_arg_defaults(EngineArgs)
-        self.option_keys = KEYS | set(accepted)
-        kwargs = self.options.engine_args(config.model_id, accepted)
-        kwargs.update(vllm_engine_args(LoraOptions.from_properties(config.properties)))
+        for key in sorted({key for key, _ in options.passthrough} - set(accepted)):
+            logger.warning("option.%s is ignored: vLLM %s has no engine argument %s", key, vllm.__version__, key)
+        kwargs = options.engine_args(config.model_id, accepted)
+        kwargs.update(vllm_engine_args(lora))
+        kwargs.update(self.engine_overrides)
         # vLLM reads "no free whitespace in JSON" from its engine config, not from a request's parameters: compact
         # JSON by default, as on the hf engine (a request's whitespace_pattern still allows some), through the same
         # grammar library (llguidance: vLLM's "guidance" backend).
@@ -88,9 +89,11 @@ class VllmBackend:
             vllm_config = EngineArgs(**kwargs).create_engine_config()
         except Exception as exc:  # noqa: BLE001 - whatever vLLM refuses is the option's fault: name it
             raise self._refused(exc, kwargs, config) from exc
-        #: vLLM's latest scheduler statistics (``stats.py``), what this backend's ``stats()`` reports.
+        self.vllm_config = vllm_config
+        self.model_config = vllm_config.model_config
+        self.llm: Any = None  # vLLM's LLMEngine, once make_engine builds it
+        #: vLLM's latest scheduler statistics (``stats.py``), what the engine's ``stats()`` reports.
         self.vllm_stats: dict[str, Any] = {}
-        self.llm = LLMEngine.from_vllm_config(vllm_config, stat_loggers=[stat_logger(self.vllm_stats)])
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -101,10 +104,23 @@ class VllmBackend:
                                   and vllm_config.scheduler_config.enable_chunked_prefill)
 
     def make_engine(self) -> "VllmLoop":
+        """vLLM's ``LLMEngine``, stepped by the handler's rolling batch (DJL's sync mode)."""
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.llm = LLMEngine.from_vllm_config(self.vllm_config, stat_loggers=[stat_logger(self.vllm_stats)])
         return VllmLoop(self)
 
+    def make_async_engine(self) -> Any:
+        """vLLM's ``AsyncLLM``, which requests join one ``generate`` each (DJL's async mode; on the event loop)."""
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from .async_engine import AsyncVllmEngine
+
+        return AsyncVllmEngine(self, AsyncLLM.from_vllm_config(self.vllm_config, disable_log_stats=True,
+                                                                stat_loggers=[stat_logger(self.vllm_stats)]))
+
     def tool_call_parser(self, name: str, calling: ToolCalling) -> Parser:
-        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured/vllm.py``)."""
+        """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured.py``)."""
         return tool_call_parser(self.tokenizer.hf, name, calling)
 
     def load_adapter(self, spec: AdapterSpec) -> AdapterSpec:
@@ -122,7 +138,7 @@ class VllmBackend:
         return ConfigError("rolling_batch", "vllm", f"vLLM refused the engine arguments {kwargs}: {message}")
 
 
-class VllmLoop:
+class VllmLoop(EngineWatch):
     """The handler's engine when vLLM runs the steps (``Engine``'s surface: ``add``, ``cancel``, ``step``...)."""
 
     def __init__(self, backend: VllmBackend):
@@ -131,16 +147,8 @@ class VllmLoop:
         self.seqs: dict[str, SequenceState] = {}
         #: Events of requests vLLM refused when they were added, answered at the next step.
         self.refused: dict[int, list[Event]] = {}
-        #: Why vLLM's engine stopped, once it has: every request is then refused with it.
-        self.stopped: str | None = None
-        #: Ends this process once vLLM's engine stopped (the server then starts a fresh worker).
-        self.exit_soon = _exit_soon
         self._logged = time.monotonic()
-        # vLLM's engine core process(es): the children this process has once the engine is built (none when vLLM
-        # runs its engine core in this process).
-        cores = multiprocessing.active_children()
-        if cores:
-            threading.Thread(target=self._watch, args=(cores,), name="vllm-engine-watch", daemon=True).start()
+        super().__init__()
 
     @property
     def idle(self) -> bool:
@@ -150,27 +158,18 @@ class VllmLoop:
         try:
             if self.stopped is not None:
                 raise EngineStopped(self.stopped)
-            self._check_seed(seq)
+            check_request(seq, self.backend)
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
             self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request,
                                  priority=seq.request.priority, trace_headers=seq.trace_headers)
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
-            if _engine_dead(exc):
+            if engine_dead(exc):
                 self.refused.update(self._stop(exc))
-            self.refused[seq.uid] = [seq.fail(*_request_error(exc, self.stopped))]
+            self.refused[seq.uid] = [seq.fail(*request_error(exc, self.stopped))]
             return
         self.seqs[str(seq.uid)] = seq
-
-    def _check_seed(self, seq: SequenceState) -> None:
-        """A seed on vLLM's CPU build with chunked prefill would stop the engine (``seeds_stop_engine``)."""
-        seed = seq.request.sampling.seed
-        if seed is not None and seq.request.sampling.do_sample and self.backend.seeds_stop_engine:
-            field = "parameters.seed" if seq.request.schema is Schema.LMI else "seed"
-            raise invalid_field(field, seed, "vLLM's CPU build stops its engine when it prefills a seeded prompt in "
-                                "chunks, so seeds are refused while chunked prefill is on; send no seed, or serve "
-                                "with option.enable_chunked_prefill=false")
 
     def cancel(self, seq: SequenceState) -> None:
         """Stop a sequence now (its client went away): vLLM frees its KV blocks."""
@@ -187,17 +186,8 @@ class VllmLoop:
         self.seqs, self.refused = {}, {}
 
     def stats(self) -> dict[str, int | float | str]:
-        """vLLM's own numbers (``stats.py``); an engine with no request runs nothing and holds no block, whatever its
-        last step said."""
-        out = {key: value for key, value in self.backend.vllm_stats.items() if value is not None}
-        if "max_lora" not in out:
-            for key in ("running_lora_adapters", "waiting_lora_adapters"):
-                out.pop(key, None)
-        out.setdefault("running", len(self.seqs))
-        out.setdefault("waiting", 0)
-        if not self.seqs:
-            out.update(running=0, waiting=0, kv_cache_usage=0.0)
-        return out
+        """vLLM's own numbers (``stats.py``)."""
+        return engine_stats(self.backend.vllm_stats, len(self.seqs))
 
     def step(self) -> dict[int, list[Event]]:
         """What vLLM generated since the last step, as events by sequence uid."""
@@ -231,18 +221,6 @@ class VllmLoop:
         self.seqs = {}
         return events
 
-    def _watch(self, cores: list[multiprocessing.Process]) -> None:
-        """Waits for an engine core process to end; if the loop has not heard of it a moment later (a core that
-        fails tells the loop first), ends this process."""
-        multiprocessing.connection.wait([core.sentinel for core in cores])
-        time.sleep(EXIT_DELAY)
-        if self.stopped is None:
-            ended = next(core for core in cores if not core.is_alive())
-            logger.error("vllm: the engine process %s (pid %s) ended with code %s and vLLM's engine did not say so; "
-                         "this worker exits so that the server starts a fresh one", ended.name, ended.pid,
-                         ended.exitcode)
-            self.stopped = "vLLM's engine process ended; the model's worker restarts"
-            self.exit_soon()
 
     def run(self, seqs: Sequence[SequenceState]) -> Iterator[dict[int, list[Event]]]:
         """Steps until every one of ``seqs`` has finished (the non-rolling modes)."""
@@ -253,64 +231,12 @@ class VllmLoop:
             yield self.step()
 
     def _append(self, seq: SequenceState, output: Any) -> list[Event]:
-        completion = output.outputs[0]
-        top_k = seq.request.sampling.top_logprobs or 0
-        events: list[Event] = []
-        for i, token_id in enumerate(completion.token_ids):
-            log_prob, top = _log_probs(completion.logprobs, i, token_id, top_k)
-            try:
-                events += seq.append(token_id, log_prob, top)
-            except Exception as exc:  # noqa: BLE001 - detokenizing one sequence failed: it alone ends
-                logger.exception("detokenizing sequence %d failed", seq.uid)
-                events.append(seq.fail(status_of(exc), f"generation failed: {type(exc).__name__}: {exc}"))
-            if seq.finished:
-                break
-        if not seq.finished and output.finished:
-            # vLLM ended it at a limit of its own (the model length): what was generated is the answer.
-            seq.finished = True
-            events.append(seq.result(FinishReason.LENGTH))
+        events = append_output(seq, output)
         if seq.finished:
             del self.seqs[output.request_id]
             if not output.finished:  # our side stopped it first (a stop sequence)
                 self.llm.abort_request([output.request_id])
         return events
-
-
-def _log_probs(logprobs: Any, i: int, token_id: int, top_k: int) -> tuple[float, list[tuple[int, float]]]:
-    """The chosen token's log probability and the ``top_k`` most likely tokens', from vLLM's position ``i``."""
-    if not logprobs:
-        return 0.0, []
-    entries = logprobs[i]
-    chosen = entries.get(token_id)
-    ranked = sorted((entry.rank, tid, float(entry.logprob)) for tid, entry in entries.items() if entry.rank <= top_k)
-    return (float(chosen.logprob) if chosen is not None else 0.0), [(tid, p) for _, tid, p in ranked[:top_k]]
-
-
-def _request_error(exc: Exception, stopped: str | None) -> tuple[int, str]:
-    """(status, message) for a request vLLM refused: its validation errors are the client's (400); on an engine
-    that stopped, ``stopped`` says why."""
-    if isinstance(exc, (InvalidRequest, EngineStopped)):
-        return exc.status, str(exc)
-    if stopped is not None:
-        return EngineStopped.status, stopped
-    parameter = getattr(exc, "parameter", None)
-    if parameter is not None or isinstance(exc, (ValueError, TypeError)):
-        error = InvalidRequest(f"{exc}", field=parameter)
-        return error.status, str(error)
-    return status_of(exc), f"{type(exc).__name__}: {exc}"
-
-
-def _engine_dead(exc: Exception) -> bool:
-    from vllm.v1.engine.exceptions import EngineDeadError
-
-    return isinstance(exc, EngineDeadError)
-
-
-def _exit_soon() -> None:
-    """End this process in ``EXIT_DELAY`` seconds, from a thread: the step that says why is answered first."""
-    timer = threading.Timer(EXIT_DELAY, os._exit, (1,))
-    timer.daemon = True
-    timer.start()
 
 
 def _tokenizer(config: HandlerConfig, options: Options) -> HFTokenizer:

@@ -3,9 +3,14 @@
 LMI's vLLM handler reads a few options under its own names (``tensor_parallel_degree``, ``max_rolling_batch_size``,
 ``max_rolling_batch_prefill_tokens``, ``quantize``, ``speculative_draft_model``...) and passes every other vLLM
 engine argument through as ``option.<engine argument>`` (its user guide's "pass through" options). ``Options``
-does the same: the LMI names are parsed and checked here, with the standard library only; pass-through values stay
-strings until ``typed_passthrough`` types them against vLLM's ``EngineArgs`` at load time. On Neuron, vLLM's
-Neuron plugin reads ``n_positions`` as the model length and its overrides from ``override_neuron_config``.
+does the same: the LMI names are parsed and checked here, with the standard library only; pass-through values (the
+options that name one of ``engine_args.ENGINE_ARGS``) stay strings until ``typed_passthrough`` types them against
+vLLM's ``EngineArgs`` at load time. On Neuron, vLLM's Neuron plugin reads ``n_positions`` as the model length and
+its overrides from ``override_neuron_config``.
+
+Defaults are LMI's where LMI sends one: ``max_num_seqs`` is the rolling batch size, 32 unless
+``option.max_rolling_batch_size`` says otherwise (LMI's vLLM handler sends it; vLLM's own default is larger), so
+the handler, the plan and ``lmi validate`` agree on it.
 """
 
 from __future__ import annotations
@@ -14,12 +19,11 @@ import json
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Mapping
 
-from ...config import parse_bool, parse_float, parse_int
+from ... import dtypes
+from ...config import INT_OPTIONS, parse_bool, parse_float, parse_int
 from ...errors import ConfigError
+from .engine_args import ENGINE_ARGS
 
-#: LMI's dtype names -> vLLM's.
-DTYPES = {"auto": "auto", "fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16",
-          "bf16": "bfloat16", "bfloat16": "bfloat16"}
 #: LMI's speculative options -> keys of vLLM's ``speculative_config``.
 SPECULATIVE = {"speculative_length": "num_speculative_tokens", "draft_model_tp_size": "draft_tensor_parallel_size",
                "ngram_prompt_lookup_max": "prompt_lookup_max", "ngram_prompt_lookup_min": "prompt_lookup_min"}
@@ -28,7 +32,7 @@ LMI_NAMES = {
     "dtype": "dtype", "max_model_len": "max_model_len", "n_positions": "max_model_len",
     "trust_remote_code": "trust_remote_code", "revision": "revision",
     "tensor_parallel_degree": "tensor_parallel_size", "pipeline_parallel_degree": "pipeline_parallel_size",
-    "max_rolling_batch_size": "max_num_seqs",
+    "max_rolling_batch_size": "max_num_seqs", "max_num_seqs": "max_num_seqs",
     "max_rolling_batch_prefill_tokens": "max_num_batched_tokens", "max_num_batched_tokens": "max_num_batched_tokens",
     "enable_chunked_prefill": "enable_chunked_prefill", "enable_prefix_caching": "enable_prefix_caching",
     "gpu_memory_utilization": "gpu_memory_utilization", "quantize": "quantization", "quantization": "quantization",
@@ -36,12 +40,16 @@ LMI_NAMES = {
     "speculative_config": "speculative_config", "speculative_draft_model": "speculative_config", **{key: "speculative_config" for key in SPECULATIVE},
     "override_neuron_config": "additional_config",
 }
-#: The keys this backend reads by name; any other vLLM engine argument is read too (``passthrough``).
-KEYS = frozenset(LMI_NAMES) | {"enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras"}
+#: The keys this backend reads: by name, and every other vLLM engine argument (``passthrough``).
+KEYS = frozenset(LMI_NAMES) | ENGINE_ARGS
+#: What LMI sends as ``max_num_seqs`` when ``option.max_rolling_batch_size`` is unset.
+MAX_NUM_SEQS = INT_OPTIONS["max_rolling_batch_size"].default
 #: Keys that belong to the handler or to DJLServing, never passed to vLLM even where an engine argument has the name.
 NOT_PASSED = frozenset({"model_id", "model_dir", "backend", "device", "rolling_batch", "batch_size", "max_new_tokens",
                         "output_formatter", "tgi_compat", "max_prompt_chars", "max_prompts_per_request", "entryPoint",
-                        "engine", "seed", "tokenizer"})
+                        "engine", "seed", "tokenizer",
+                        # the handler's embedding task (lmi_handlers/pooling/): the pooler names vLLM's runner
+                        "task", "normalize"})
 
 
 @dataclass(frozen=True)
@@ -55,7 +63,7 @@ class Options:
     #: None stands for ``max``: every GPU (or NeuronCore) of the host, counted at load.
     tensor_parallel_size: int | None = 1
     pipeline_parallel_size: int = 1
-    max_num_seqs: int | None = None
+    max_num_seqs: int = MAX_NUM_SEQS
     max_num_batched_tokens: int | None = None
     enable_chunked_prefill: bool | None = None
     enable_prefix_caching: bool | None = None
@@ -75,13 +83,14 @@ class Options:
     def from_properties(cls, props: Mapping[str, Any]) -> "Options":
         tp = props.get("tensor_parallel_degree")
         values: dict[str, Any] = dict(
-            dtype=_dtype(props),
+            dtype=dtypes.option(props),
             max_model_len=parse_int(props, "max_model_len", None) or parse_int(props, "n_positions", None),
             trust_remote_code=parse_bool(props, "trust_remote_code", False),
             revision=_text(props.get("revision")) or None,
             tensor_parallel_size=None if _text(tp) == "max" else parse_int(props, "tensor_parallel_degree", 1),
             pipeline_parallel_size=parse_int(props, "pipeline_parallel_degree", 1),
-            max_num_seqs=parse_int(props, "max_rolling_batch_size", None, maximum=4096),
+            max_num_seqs=parse_int(props, "max_rolling_batch_size", None, maximum=4096)
+            or parse_int(props, "max_num_seqs", MAX_NUM_SEQS, maximum=4096),
             max_num_batched_tokens=parse_int(props, "max_rolling_batch_prefill_tokens", None)
             or parse_int(props, "max_num_batched_tokens", None),
             enable_chunked_prefill=_optional_bool(props, "enable_chunked_prefill"),
@@ -95,17 +104,18 @@ class Options:
         )
         sources = {LMI_NAMES[key]: key for key in LMI_NAMES if _text(props.get(key))}
         passthrough = tuple((key, _text(value)) for key, value in sorted(props.items())
-                            if key not in LMI_NAMES and key not in NOT_PASSED and _text(value))
+                            if key in ENGINE_ARGS and key not in LMI_NAMES and key not in NOT_PASSED and _text(value))
         return cls(**values, passthrough=passthrough, sources=sources)
 
     def engine_args(self, model: str, accepted: Mapping[str, Any] = {}) -> dict[str, Any]:
         """Keyword arguments for vLLM's ``EngineArgs``: the set options, then the pass-through ones that name a
         field of ``accepted`` (EngineArgs' fields and their defaults), typed like those defaults."""
-        args: dict[str, Any] = {"model": model, "tokenizer": model, "dtype": self.dtype,
+        args: dict[str, Any] = {"model": model, "tokenizer": model, "dtype": dtypes.LONG.get(self.dtype, self.dtype),
                                 "trust_remote_code": self.trust_remote_code,
                                 "tensor_parallel_size": self.tensor_parallel_size or 1,
-                                "pipeline_parallel_size": self.pipeline_parallel_size}
-        for name in ("max_model_len", "revision", "max_num_seqs", "max_num_batched_tokens", "enable_chunked_prefill",
+                                "pipeline_parallel_size": self.pipeline_parallel_size,
+                                "max_num_seqs": self.max_num_seqs}
+        for name in ("max_model_len", "revision", "max_num_batched_tokens", "enable_chunked_prefill",
                      "enable_prefix_caching", "gpu_memory_utilization", "quantization", "cpu_offload_gb",
                      "enforce_eager"):
             if getattr(self, name) is not None:
@@ -158,13 +168,6 @@ def neuron_config(options: Options) -> dict[str, Any]:
 
 def _text(value: Any) -> str:
     return "" if value is None else (value.strip() if isinstance(value, str) else str(value))
-
-
-def _dtype(props: Mapping[str, Any]) -> str:
-    value = _text(props.get("dtype")).lower() or "auto"
-    if value not in DTYPES:
-        raise ConfigError("dtype", props["dtype"], f"allowed values are {', '.join(DTYPES)}")
-    return DTYPES[value]
 
 
 def _optional_bool(props: Mapping[str, Any], key: str) -> bool | None:

@@ -19,14 +19,12 @@ from typing import Any, Mapping
 from ...config import HandlerConfig
 from ...errors import ConfigError
 from ..base import DeviceMemory
-from ...model_config import DEFAULT_POSITIONS, max_positions
-from ..hf.plan import DTYPE_BYTES, kv_bytes_per_token, resolve_dtype
+from ...dtypes import BYTES as DTYPE_BYTES
+from ...model_config import DEFAULT_POSITIONS, kv_bytes_per_token, max_positions, resolve_dtype
 from .options import Options
 
-#: vLLM's defaults where the options leave them unset.
+#: vLLM's default where the options leave it unset.
 DEFAULT_UTILIZATION = 0.9
-DEFAULT_MAX_NUM_SEQS = 256
-VLLM_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "auto": "auto"}
 
 
 @dataclass(frozen=True)
@@ -54,9 +52,9 @@ def plan(config: HandlerConfig, options: Options, model_config: Mapping[str, Any
     if isinstance(heads, int) and heads % tp:
         raise ConfigError("tensor_parallel_degree", tp, f"vLLM splits the model's {heads} attention heads over the "
                           "GPUs, so the degree must divide them")
-    dtype = resolve_dtype(VLLM_DTYPES[options.dtype], device_memory.kind, model_config)
+    dtype = resolve_dtype(options.dtype, device_memory.kind, model_config)
     length = options.max_model_len or max_positions(model_config) or DEFAULT_POSITIONS
-    batch = options.max_num_seqs or DEFAULT_MAX_NUM_SEQS
+    batch = options.max_num_seqs
     int8 = options.quantization in ("fp8", "int8", "bitsandbytes")
     if device_memory.kind != "cuda" or not device_memory.total:
         return VllmPlan(dtype, length, batch, None, tp, int8)

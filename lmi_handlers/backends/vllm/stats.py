@@ -1,8 +1,9 @@
 """vLLM's own scheduler statistics, as the vllm backend's ``stats()`` states them (``lmi_handlers/gauges.py``).
 
 vLLM hands each step's ``SchedulerStats`` to its stat loggers; ``stat_logger`` makes one that keeps the latest
-numbers (and adds up the prefix cache's per-step counts) in a dictionary the loop reads. vLLM's ``/metrics`` derives
-its ``vllm:*`` series from the same objects (``vllm/v1/metrics/loggers.py``), so the meanings are vLLM's.
+numbers (and adds up the prefix cache's per-step counts) in a dictionary that the step loop (``engine.py``) and the
+async driver (``async_engine.py``) report through ``engine_stats``. vLLM's ``/metrics`` derives its ``vllm:*`` series
+from the same objects (``vllm/v1/metrics/loggers.py``), so the meanings are vLLM's.
 """
 
 from __future__ import annotations
@@ -36,3 +37,17 @@ def stat_logger(sink: dict[str, Any]) -> Callable[[Any, int], Any]:
             pass
 
     return LatestStats
+
+
+def engine_stats(sink: dict[str, Any], in_flight: int) -> dict[str, int | float | str]:
+    """The numbers of ``sink`` as an engine's ``stats()`` states them; with no request in flight (``in_flight``)
+    nothing runs or waits and no block is held, whatever vLLM's last step said."""
+    out = {key: value for key, value in sink.items() if value is not None}
+    if "max_lora" not in out:
+        for key in ("running_lora_adapters", "waiting_lora_adapters"):
+            out.pop(key, None)
+    out.setdefault("running", in_flight)
+    out.setdefault("waiting", 0)
+    if not in_flight:
+        out.update(running=0, waiting=0, kv_cache_usage=0.0)
+    return out

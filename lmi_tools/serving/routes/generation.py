@@ -131,15 +131,10 @@ async def _read(pending: PendingRequest, count: Callable[[Result], None]) -> Asy
 def line_items(line: bytes, seen_tokens: set[int], count: Callable[[Result], None]) -> list[Item]:
     """The items of one line of a model's answer (``seen_tokens``: the prompts whose tokens came one by one, so
     that a final ``details.tokens`` is not read twice; ``count`` sees each ``Result``)."""
-    text = line.decode("utf-8", "replace").strip()
-    if text.startswith("data:"):
-        text = text[5:].strip()
-    if not text or text == "[DONE]":
-        return []
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
-        return [Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")]
+    value = line_value(line)
+    if value is None or isinstance(value, Failure):
+        return [value] if value is not None else []
+    text = line.decode("utf-8", "replace")
     objects = value if isinstance(value, list) else [value]
     items: list[Item] = []
     for index, obj in enumerate(objects):
@@ -150,6 +145,20 @@ def line_items(line: bytes, seen_tokens: set[int], count: Callable[[Result], Non
         if isinstance(item, Result):
             count(item)  # the token counters of /metrics
     return items
+
+
+def line_value(line: bytes) -> Any:
+    """The JSON value of one line of an answer (a JSON line or a ``data:`` event); None for an empty line or
+    ``[DONE]``; a ``Failure`` for a line that is not JSON."""
+    text = line.decode("utf-8", "replace").strip()
+    if text.startswith("data:"):
+        text = text[5:].strip()
+    if not text or text == "[DONE]":
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return Failure(502, f"the model answered in a form this route cannot read: {text[:200]!r}")
 
 
 def _object_items(obj: dict[str, Any], index: int, seen_tokens: set[int]) -> list[Item]:

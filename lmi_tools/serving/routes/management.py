@@ -103,6 +103,8 @@ async def register_adapter(request: Request, store: Store, name: str = "") -> JS
         src = store.allowed(src, "adapter")
     except NotAllowed as exc:
         raise HttpError(403, "ForbiddenException", str(exc)) from None
+    except ValueError as exc:
+        raise HttpError(400, "BadRequestException", f"adapter {adapter}: {exc}") from None
     record = AdapterRecord(adapter, src, query)
     await _call(model, "register", record)
     model.adapters[adapter] = record

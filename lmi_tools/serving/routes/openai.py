@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 from typing import Any, AsyncIterator, Callable
 
@@ -20,6 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from lmi_handlers.errors import Cancelled, InvalidRequest
+from lmi_handlers.request import parse_stream_options
 from lmi_handlers.schemas import GenerationRequest, SamplingParams, StoppingParams, checked, rule_of
 from lmi_handlers.structured.constraint import from_response_format
 
@@ -43,6 +45,9 @@ NEUTRAL = {"best_of": (1,), "suffix": ()}
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
 SAMPLING = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "presence_penalty",
             "frequency_penalty", "logit_bias", "top_logprobs")
+#: The LMI parameters a completions field becomes, where the names differ.
+LMI_NAMES = {"max_new_tokens": "max_tokens", "return_full_text": "echo", "guided_json": "response_format",
+             "guided_whitespace_pattern": "response_format", "top_logprobs": "logprobs"}
 _ids = itertools.count(1)
 
 
@@ -67,10 +72,11 @@ async def models(store: Store) -> JSONResponse:
 async def model(store: Store, model_id: str) -> JSONResponse:
     """One model of the list (``openai``'s ``models.retrieve``); ids may hold slashes, as Hugging Face ids do."""
     found = store.get(model_id)
+    if found is None and model_id in store.catalog:  # known but not loaded: a 503 naming it, as on every route
+        raise HttpError(503, "ServiceUnavailableException", not_loaded(store, model_id))
     if found is None:
-        reason = not_loaded(store, model_id) if model_id in store.catalog else (
-            f"The model `{model_id}` does not exist: this server has {', '.join(store.models) or 'none'}")
-        raise HttpError(404, "ModelNotFoundException", reason)
+        raise HttpError(404, "ModelNotFoundException", f"The model `{model_id}` does not exist: this server has "
+                                                       f"{', '.join(store.models) or 'none'}")
     return JSONResponse(_model_object(found))
 
 
@@ -83,14 +89,7 @@ def _model_object(model: ServedModel) -> dict[str, Any]:
 async def chat(request: Request, store: Store) -> Response:
     raw = await read_body(request, store)
     body = json_object(raw) if raw.strip() else {}
-    model = _model(store, request, body.get("model"))
-    adapter = _adapter(model, body.get("model"))
-    if adapter is not None:
-        raw = json.dumps({**body, "adapters": adapter}).encode()
-    elif isinstance(body.get("model"), str) and body["model"] != model.name:
-        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
-        raw = json.dumps({**body, "model": model.name}).encode()
-    pending = await submit(request, store, model, body=raw)
+    model, pending = await submit_openai(request, store, body, raw)
     start = await started(request, pending)
     if start is None:
         return Response(b"", Cancelled.status)
@@ -112,6 +111,23 @@ async def chat(request: Request, store: Store) -> Response:
     return StreamingResponse(_chat_stream(pending, first, count), start.code, headers)
 
 
+async def submit_openai(request: Request, store: ModelStore, body: dict[str, Any],
+                        raw: bytes | None = None) -> tuple[ServedModel, PendingRequest]:
+    """Queue an OpenAI body (chat, embeddings; ``raw``: as the client sent it) on the model its ``model`` names: a
+    LoRA adapter's name calls that adapter, a name of the client's own is answered by the one loaded model."""
+    model = model_for(store, request, body.get("model"))
+    adapter = _adapter(model, body.get("model"))
+    if adapter is not None:
+        raw = None
+        body = {**body, "adapters": adapter}
+    elif isinstance(body.get("model"), str) and body["model"] != model.name:
+        # a name of the client's own, answered by the one loaded model: the answer names the model that answered
+        raw = None
+        body = {**body, "model": model.name}
+    payload = raw if raw is not None else json.dumps(body).encode()
+    return model, await submit(request, store, model, body=payload)
+
+
 @router.post("/v1/completions", openapi_extra=RAW_BODY)
 async def completions(request: Request, store: Store) -> Response:
     body = json_object(await read_body(request, store))
@@ -121,7 +137,7 @@ async def completions(request: Request, store: Store) -> Response:
                                                     f"{', '.join(COMPLETION_FIELDS)}")
     body = drop_nulls(body)
     refuse_unsupported(body, NEUTRAL)
-    model = _model(store, request, body.get("model"))
+    model = model_for(store, request, body.get("model"))
     prompt = body.get("prompt")
     if not (isinstance(prompt, str) or (isinstance(prompt, list) and prompt and
                                         all(isinstance(p, str) for p in prompt))):
@@ -135,20 +151,28 @@ async def completions(request: Request, store: Store) -> Response:
            **({"adapters": adapter} if adapter is not None else {})}
     try:
         items = await generate(request, store, model, lmi, stream=stream)
-    except HttpError as exc:  # the model names LMI's fields: name the client's
-        message = exc.message.replace("parameters.top_logprobs", "logprobs").replace(
-            "parameters.max_new_tokens", "max_tokens").replace("parameters.", "")
-        raise HttpError(exc.code, exc.kind, message) from None
+    except HttpError as exc:
+        raise HttpError(exc.code, exc.kind, _as_sent(exc.message)) from None
     completion = _Completion(model.name, body)
     if stream:
         return StreamingResponse(completion.events(items), 200, {**NO_CACHE, "content-type": "text/event-stream"})
     return JSONResponse(await completion.whole(items), headers=NO_CACHE)
 
 
+def _as_sent(message: str) -> str:
+    """The handler's error about the LMI body this route made, naming the field as the completions body has it
+    (errors name their field first): the prompt travels as ``inputs``, ``max_tokens`` as
+    ``parameters.max_new_tokens``."""
+    match = re.match(r"inputs|parameters\.(\w+)", message)
+    if match is None:
+        return message
+    name = "prompt" if match.group(1) is None else LMI_NAMES.get(match.group(1), match.group(1))
+    return name + message[match.end():]
+
+
 def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     """LMI's parameters for a completions body, checked here by the runtime's own rules so that an error names the
     field the client sent (``max_tokens``, not ``parameters.max_new_tokens``)."""
-    _check_stream_options(body.get("stream_options", {}))
     values = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 1.0),
               "return_full_text": body.get("echo", False), "n": body.get("n", 1),
               **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
@@ -157,6 +181,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
         values["top_logprobs"] = body["logprobs"]
     names = {"max_new_tokens": "max_tokens", "top_logprobs": "logprobs"}
     try:
+        parse_stream_options(body)
         rule_of(SamplingParams, "top_logprobs").check("logprobs", body.get("logprobs", 0))
         checked(SamplingParams, {k: values.get(k) for k in SAMPLING}, names)
         checked(StoppingParams, {k: values.get(k) for k in ("max_new_tokens", "stop", "ignore_eos")}, names)
@@ -170,22 +195,8 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     return {**values, "details": True, "do_sample": values["temperature"] > 0}
 
 
-def _check_stream_options(options: Any) -> None:
-    """As the chat schema checks it: an object whose one field, include_usage, is a boolean."""
-    if not isinstance(options, dict):
-        raise HttpError(400, "BadRequestException", f"stream_options={json.dumps(options)[:80]} is invalid: "
-                                                    "expected a JSON object")
-    unknown = sorted(set(options) - {"include_usage"})
-    if unknown:
-        raise HttpError(400, "BadRequestException", f"unknown field stream_options.{unknown[0]}: allowed fields are "
-                                                    "include_usage")
-    if not isinstance(options.get("include_usage", False), bool):
-        raise HttpError(400, "BadRequestException", f"stream_options.include_usage="
-                                                    f"{json.dumps(options['include_usage'])[:80]} is invalid: "
-                                                    "expected true or false")
-
-
-def _model(store: ModelStore, request: Request, name: Any) -> ServedModel:
+def model_for(store: ModelStore, request: Request, name: Any) -> ServedModel:
+    """The model an OpenAI body's ``model`` names (or the one loaded, for a name of the client's own)."""
     name = name or request.query_params.get("model_name")
     if isinstance(name, str) and (name in store.models or name in store.catalog):
         return named(store, name)  # a model this server knows answers for itself, or not at all

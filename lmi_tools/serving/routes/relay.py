@@ -177,8 +177,14 @@ async def _disconnected(request: Request) -> None:
         pass
 
 
+#: Headers the server sets from the answer itself: a handler's property of that name (one that copies its request's
+#: properties into its answer, as DJL's async_echo does) would contradict the body.
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})
+
+
 def _response_headers(pending: PendingRequest, start: Start) -> dict[str, str]:
-    headers = {**NO_CACHE, **start.headers, "x-request-id": str(pending.input.get_property("requestId"))}
+    given = {k: v for k, v in start.headers.items() if k.lower() not in FRAMING}
+    headers = {**NO_CACHE, **given, "x-request-id": str(pending.input.get_property("requestId"))}
     if start.code >= 400:
         headers["connection"] = "close"
     return headers

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from lmi_handlers.schemas import MAX_STOP_SEQUENCES
 from lmi_handlers.structured.constraint import from_tgi_grammar
 
+from .pooling import embed_root, is_embedding_model
 from .generation import Failure, Result, Token, drop_nulls, generate, guided_parameters, refuse_unsupported
 from .relay import NO_CACHE, RAW_BODY, HttpError, Store, chosen, flag, json_object, read_body
 
@@ -64,6 +65,8 @@ async def info(request: Request, store: Store) -> JSONResponse:
 
 async def _answer(request: Request, store: Store, stream: bool | None, listed: bool) -> Response:
     model = chosen(store, request.query_params.get("model_name"), "Parameter model_name")
+    if listed and is_embedding_model(model):
+        return await embed_root(request, model)  # TEI's POST / (huggingface_hub's feature_extraction)
     body = _parse(await read_body(request, store))
     stream = flag(body, "stream") if stream is None else stream
     params = drop_nulls(body.get("parameters") or {})

@@ -5,6 +5,8 @@
 every option as a property) under ``model_loading_timeout``. ``predict`` sends one Input and reads
 the Output under ``predict_timeout``; a streamed Output is then read chunk by chunk, each within ``predict_timeout`` (or
 ``chunked_read_timeout`` where that is shorter). A worker that times out or dies is killed; the caller restarts it.
+In async mode (``--async-mode``) the front end instead ``send``s each request as it comes and a reader ``receive``s
+the answers as they come, without timeouts, as Java's ``AsyncRequestManager`` does (``async_channel.py``).
 
 Where ``djl_python`` is installed DJL's own engine can be the worker (``engines.py`` finds it).
 """
@@ -14,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -52,6 +55,10 @@ class WorkerSettings:
     model_dir: Path
     init_properties: dict[str, str]
     entry_point: str = ""
+    #: The entry point DJLServing recommends where none is given (``PyModel``; ``entry_point.py``).
+    recommended_entry_point: str = ""
+    #: DJL's async mode: the worker runs the async engine (``--async-mode``).
+    async_mode: bool = False
     model_loading_timeout: float = 240.0
     predict_timeout: float = 120.0
     chunked_read_timeout: float = 120.0
@@ -62,7 +69,8 @@ class WorkerSettings:
 
 def _engine_command(choice: engines.EngineChoice, settings: WorkerSettings, sock: str) -> list[str]:
     return [*choice.command, "--sock-type", "unix", "--sock-name", sock, "--model-dir", str(settings.model_dir),
-            "--entry-point", settings.entry_point, "--device-id", "-1"]
+            "--entry-point", settings.entry_point, "--recommended-entry-point", settings.recommended_entry_point,
+            "--device-id", "-1", "--async-mode" if settings.async_mode else "--no-async-mode"]
 
 
 def _environment(choice: engines.EngineChoice, settings: WorkerSettings) -> dict[str, str]:
@@ -134,6 +142,8 @@ class Worker:
                 header.content.size() else header.message
             self.kill()
             raise LoadFailed(f"Failed to initialize model: {body}")
+        if self.settings.async_mode:
+            self.sock.settimeout(None)  # answers come whenever they are ready
         logger.info("[%s] worker %s ready", self.name, self.pid)
 
     def _forward_output(self, process: subprocess.Popen[str]) -> None:
@@ -170,6 +180,25 @@ class Worker:
         if not self.alive:
             raise WorkerDied("the worker is not running")
         return self._call(inputs, self.settings.predict_timeout)
+
+    def send(self, inputs: Input) -> None:
+        """Async mode: write one request; its answers come through ``receive``."""
+        if not self.alive:
+            raise WorkerDied("the worker is not running")
+        assert self.sock is not None
+        try:
+            self.sock.sendall(encode_input(inputs))
+        except OSError as exc:
+            raise WorkerDied(f"the worker process died ({type(exc).__name__})") from None
+
+    def receive(self) -> OutputHeader:
+        """Async mode: the next answer of any request, waiting as long as it takes (Java sets no timeout)."""
+        assert self.reader is not None
+        try:
+            return read_output_header(self.reader)
+        except (EOFError, OSError, ValueError) as exc:
+            logger.error("[%s] worker died (%s); last output: %s", self.name, exc, self._tail())
+            raise WorkerDied(f"the worker process died ({type(exc).__name__})") from None
 
     def stream(self) -> Iterator[bytes]:
         """The chunks of a streamed Output, after ``predict`` returned a header with ``is_stream``."""
@@ -214,4 +243,6 @@ class Worker:
         self._disconnect()
 
     def stop(self) -> None:
+        """End the worker for good: its processes, then the folder of its socket (a restart keeps the folder)."""
         self.kill()
+        shutil.rmtree(self._dir, ignore_errors=True)

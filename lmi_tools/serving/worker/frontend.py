@@ -9,7 +9,8 @@ contract tests both use them, so what passes locally is what the container sends
 * ``batch_input``: N >= 2 requests packed with ``batch_size`` and ``batch_NNN.`` prefixes (a batch
   of one is sent unwrapped);
 * ``rolling_step_input``: one rolling-batch step - always the batch layout; new requests with their
-  headers, body and a server seed, ongoing ones with an empty body; ``reset_rollingbatch``.
+  headers, body and a server seed, ongoing ones with an empty body; ``reset_rollingbatch``;
+* ``entry_points``: the worker's ``--entry-point`` and ``--recommended-entry-point`` (``PyModel``).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
 from lmi_handlers.protocol import Input, PairList
@@ -26,6 +28,29 @@ from lmi_handlers.rolling import CANCEL_PROPERTY, STATS_PROPERTY
 from .codec import binary_decode
 
 CUSTOM_ATTRIBUTES = "x-amzn-sagemaker-custom-attributes"
+#: Model files for which DJL recommends its scikit-learn handler.
+SKLEARN_FILES = (".skops", ".joblib", ".pkl", ".pickle", ".cloudpkl")
+
+
+def entry_points(model_dir: Path, properties: Mapping[str, Any], features: str, async_mode: bool,
+                 environ: Mapping[str, str]) -> tuple[str, str]:
+    """The worker's entry point and recommended entry point, as ``PyModel`` resolves them: ``option.entryPoint``,
+    else ``DJL_ENTRY_POINT``, else the model's ``model.py``; where no entry point is given, also the handler DJL
+    recommends for the image (``SERVING_FEATURES``) and the model (the engine runs it where the entry point is
+    empty or lacks the function called)."""
+    given = str(properties.get("entryPoint") or environ.get("DJL_ENTRY_POINT") or "")
+    if given:
+        return given, ""
+    entry = "model.py" if (model_dir / "model.py").is_file() else ""
+    if any((model_dir / f"model{ext}").is_file() for ext in SKLEARN_FILES):
+        return entry, "djl_python.sklearn_handler"
+    if features == "trtllm":
+        return entry, "djl_python.lmi_trtllm.trtllm_async_service"
+    if features == "vllm":
+        return entry, "djl_python.lmi_vllm.vllm_async_service" if async_mode else "djl_python.huggingface"
+    if "model_id" in properties or (model_dir / "config.json").is_file():
+        return entry, "djl_python.huggingface"
+    return entry, ""
 
 
 def init_input(options: Mapping[str, Any], handler: str = "handle") -> Input:

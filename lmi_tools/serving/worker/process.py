@@ -1,11 +1,13 @@
 """A model worker process: our stand-in for DJLServing's ``djl_python_engine.py``.
 
 Started by the front end with the same arguments DJL passes (``--sock-type unix --sock-name PATH
---model-dir DIR --entry-point EP --device-id N``), it imports the entry point the way DJL does, binds
-the socket, prints ``Python engine started.`` and then serves one connection: read an ``Input``, call
-the handler, write the ``Output`` (streamed chunk by chunk when the handler streams). Results map
-as in DJL's sync engine: ``None`` -> 204, an exception -> 424 with its text, an out-of-memory error
--> 507, anything that is not an ``Output`` -> 424 "Invalid output type".
+--model-dir DIR --entry-point EP --recommended-entry-point EP --device-id N --async-mode|--no-async-mode``), it
+imports the entry point the way DJL does, binds the socket, prints ``Python engine started.`` and then serves one
+connection. In sync mode (DJL's ``PythonSyncEngine``): read an ``Input``, call the handler, write the ``Output``
+(streamed chunk by chunk when the handler streams). Results map as in DJL's sync engine: ``None`` -> 204, an
+exception -> 424 with its text, an out-of-memory error -> 507, anything that is not an ``Output`` -> 424 "Invalid
+output type". In async mode (``PythonAsyncEngine``, ``async_engine.py``): every Input is awaited on an event loop as
+it arrives, and the answers go out as they come, tagged with their ``request_tracking_id``.
 
 It imports only the standard library, ``lmi_handlers`` and the wire codec (no web framework: it starts fast).
 """
@@ -31,9 +33,11 @@ STARTED = "Python engine started."
 DEFAULT_ENTRY_POINT = "lmi_handlers.entrypoint"
 
 
-def load_entry_point(model_dir: str, entry_point: str) -> ModuleType:
+def load_entry_point(model_dir: str, entry_point: str, recommended: str = "") -> ModuleType:
     """Resolve ``option.entryPoint`` as DJL does: a file in the model dir, an absolute file, a dotted
-    module; with none given, ``model.py`` if present, else our handler (DJL would pick a built-in)."""
+    module, else the recommended one; with neither, ``model.py`` if present, else our handler (where DJL would
+    recommend a built-in)."""
+    entry_point = entry_point or ("" if recommended.startswith("djl_python") else recommended)
     if not entry_point:
         entry_point = "model.py" if os.path.isfile(os.path.join(model_dir, "model.py")) else DEFAULT_ENTRY_POINT
     if entry_point.endswith(".py"):
@@ -72,7 +76,7 @@ def invoke(module: ModuleType, inputs: Any, output_class: type) -> Any:
 def serve(args: argparse.Namespace) -> None:
     os.chdir(args.model_dir)
     sys.path.insert(0, args.model_dir)
-    module = load_entry_point(args.model_dir, args.entry_point)
+    module = load_entry_point(args.model_dir, args.entry_point, args.recommended_entry_point or "")
     if os.path.exists(args.sock_name):
         os.unlink(args.sock_name)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -81,6 +85,11 @@ def serve(args: argparse.Namespace) -> None:
     print(STARTED, flush=True)
     connection, _ = listener.accept()
     reader = connection.makefile("rb")
+    if args.async_mode:
+        from .async_engine import serve_async
+
+        serve_async(module, connection, reader, args)
+        return
     while True:
         try:
             inputs = read_input(reader)
@@ -101,7 +110,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sock-name", required=True)
     parser.add_argument("--model-dir", required=True)
     parser.add_argument("--entry-point", default="")
+    parser.add_argument("--recommended-entry-point", default="")
     parser.add_argument("--device-id", type=int, default=-1)
+    parser.add_argument("--async-mode", action=argparse.BooleanOptionalAction, default=False)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
     serve(args)

@@ -130,7 +130,7 @@ def test_the_request_forms_name_adapters(handler, oracle):
                               "adapters": ["a2", ""]}])[0]
     assert [r["generated_text"] for r in listed] == [oracle["a2"][PROMPTS[0]], oracle[""][PROMPTS[1]]]
     # DJLServing's rolling-batch loop forwards only the body: the query parameter reaches the other modes' Input.
-    job = handler._prepare(request_input(JSON, json.dumps(payload(prompt, "a1")).encode(), [("adapter", "a3")]))
+    job = handler.prepare(request_input(JSON, json.dumps(payload(prompt, "a1")).encode(), [("adapter", "a3")]))
     assert [seq.adapter.name for seq in job.seqs] == ["a3"]
     header = JSON + [("X-Amzn-SageMaker-Adapter-Identifier", "a1")]
     assert serve(handler, [payload(prompt, "a2")], headers=header)[0]["generated_text"] == oracle["a1"][prompt]
@@ -163,6 +163,22 @@ def test_bad_adapters_are_refused_by_name_and_the_base_keeps_serving(handler, sm
     assert code == 400 and "adapter other" in body["error"] and "another base model" in body["error"]
     code, body = manage(handler, "register", "none", str(tmp_path / "missing"))
     assert code == 400 and "adapter none" in body["error"]
+    config = json.loads((tmp_path / "big" / "adapter_config.json").read_text())
+    (tmp_path / "big" / "adapter_config.json").write_text(json.dumps({**config, "r": 8, "target_modules": [
+        "q_proj", "c_attn"]}))  # a module of another architecture, though the weights adapt q_proj only
+    code, body = manage(handler, "register", "gpt2", str(tmp_path / "big"))
+    assert code == 400 and body["error"].startswith(f"adapter gpt2 ({tmp_path / 'big'}): target_modules names c_attn")
+    weights = tmp_path / "head" / "adapter_model.safetensors"  # its header holds, its tensors' bytes do not
+    raw = weights.read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    header = {k: {**v, "dtype": "F64"} if k != "__metadata__" else v for k, v in header.items()}
+    encoded = json.dumps(header).encode()
+    weights.write_bytes(len(encoded).to_bytes(8, "little") + encoded + raw[8 + int.from_bytes(raw[:8], "little"):])
+    (tmp_path / "head" / "adapter_config.json").write_text(json.dumps({**config, "r": 8, "target_modules": [
+        "q_proj"]}))
+    code, body = manage(handler, "register", "f64", str(tmp_path / "head"))
+    assert code == 400 and "adapter f64" in body["error"] and "adapter_model.safetensors cannot be loaded" in \
+        body["error"], body
     assert sorted(handler.adapters.by_name) == ["a1", "a2", "a3"]
     assert serve(handler, [payload(PROMPTS[1])])[0]["generated_text"] == oracle[""][PROMPTS[1]]
 

@@ -4,14 +4,14 @@ A decode step multiplies a few dozen rows by every weight, so on the CPU it is a
 memory, and oneDNN's prepacked product (``onednn_linear.py``) streams them well below what a core can read. The
 kernel in ``compiled_linear.cpp`` multiplies weights packed once into panels of one vector's width, read straight
 through with software prefetch, and holds each tile's sums in vector registers (``benchmarks/engine.py linear``;
-the figures are in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk)
+the figures are in docs/engine.md, "Figures"). From ``common.WIDE_ROWS`` rows (a prefill chunk)
 a layer runs torch's own product on the stock weights instead: the panels are laid out for decode's few rows.
 
 Like oneDNN it sums in another order than torch's product (logits move in the sixth digit), so greedy output equals
 ``model.generate`` on the same kernels, not on the stock model; the packed weights are a second copy (the stock
 ones stay: tied embeddings and the load checks read them), all in one buffer on 2 MB pages
 (``memory.huge_page_empty``: the step streams them, and 4 KB pages cost a TLB miss every 4 KB). Float32 on the
-CPU only, built at load (``kernels.build``). torch is passed in by the backend; nothing here runs at import
+CPU only, built at load (``common.build``). torch is passed in by the backend; nothing here runs at import
 time.
 """
 
@@ -21,7 +21,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .kernels import WIDE_ROWS, build, float32_cpu_linears
+from .common import WIDE_ROWS, build, float32_cpu_linears
 from .memory import huge_page_empty
 
 SOURCE = Path(__file__).with_name("compiled_linear.cpp")

@@ -5,10 +5,10 @@ of the pool, then runs two batched products per row and KV head, a dozen operato
 ``decode_attention.cpp`` reads each key and value once from its slot and does the scores, the softmax (torch's
 own vectorized exp) and the weighted sum in one call, a group's query heads together, with the next keys and
 values prefetched, which makes decode steps faster the more rows they have (``benchmarks/engine.py kernels``;
-figures in docs/optimizations.md, "Measured figures"). The sums run in another order, so outputs differ from
+figures in docs/engine.md, "Figures"). The sums run in another order, so outputs differ from
 torch's by about 1e-7; greedy output equals ``model.generate`` (tests).
 
-It is C++ (``kernels.build``), because torch has no operator that attends over a block table. Float32 on
+It is C++ (``common.build``), because torch has no operator that attends over a block table. Float32 on
 the CPU only. torch is passed in by the backend; nothing here runs at import time.
 """
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
-from .kernels import build
+from .common import build
 
 SOURCE = Path(__file__).with_name("decode_attention.cpp")
 

@@ -1,4 +1,5 @@
-"""Which CPU kernels the hf backend runs, from two options, where they may run, and how the compiled ones are built.
+"""Which CPU kernels the hf backend runs, from two options, and where they may run (``common.py`` builds the compiled
+ones).
 
 - ``option.cpu_linear_kernel``: ``auto`` (the default), ``stock`` (torch's product), ``onednn``
   (``onednn_linear.py``) or ``compiled`` (``compiled_linear.py``);
@@ -15,14 +16,6 @@ Every kernel but torch's own takes float32 on the CPU only, so those choices, na
 any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule before a
 deployment.
 
-The compiled kernels are C++ beside their modules, built at load by ``torch.utils.cpp_extension`` with the
-machine's compiler and ninja (once; torch keeps the build under ``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``), with the vector flags of the CPU capability torch itself dispatches to: AVX-512,
-AVX2, or none (``ATEN_CPU_CAPABILITY=avx2`` or ``default`` picks a lower one, as the tests do to check each build).
-Each build's name carries its capability and a key of the Python environment and torch version, so two
-environments sharing the cache (the two test environments) keep their own builds instead of rebuilding over each
-other's.
-
 torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else it follows the
 step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
 the server's own threads (HTTP, tokenizing, streaming, the step loop) keep a core instead of preempting torch's
@@ -30,21 +23,19 @@ workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: p
 every CPU, since its products are large enough to share and the server has little to stream meanwhile. A wide
 step's logits are the same bits on one thread as on two (torch's product and attention split rows, not the sums;
 ``tests/handlers/test_cpu_kernels.py`` checks it), so the answers do not depend on the policy
-(``benchmarks/threads.py`` measures it; docs/optimizations.md has the figures).
+(``benchmarks/threads.py`` measures it; docs/engine.md has the figures).
 """
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Mapping
+from typing import Any, Mapping
 
 from ....config import ConfigError, parse_choice
+from .common import WIDE_ROWS, not_float32_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -52,16 +43,6 @@ AUTO = "auto"
 OPTIONS = {"cpu_linear_kernel": (AUTO, "stock", "onednn", "compiled"),
            "cpu_attention_kernel": (AUTO, "torch", "compiled")}
 STOCK = {"cpu_linear_kernel": "stock", "cpu_attention_kernel": "torch"}
-# From this many rows a product (a prefill chunk, or a packed step with one) goes through torch's own product, with
-# the stock weights, under either prepacked kernel: their layouts are made for decode's few rows, and from this
-# width torch's product is as fast or faster (``benchmarks/engine.py widths``; docs/optimizations.md has the figures).
-WIDE_ROWS = 320
-# The vector width torch itself was dispatched to on this CPU: ATen's vector types follow these macros.
-CAPABILITY_FLAGS = {
-    "AVX512": ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
-               "-DCPU_CAPABILITY=AVX512", "-DCPU_CAPABILITY_AVX512"],
-    "AVX2": ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"],
-}
 
 
 @dataclass(frozen=True)
@@ -187,59 +168,3 @@ def default_threads() -> StepThreads | None:
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return StepThreads(narrow=max(1, cpus - 1), wide=cpus)
-
-
-def float32_cpu_linears(torch: Any, model: Any, key: str, value: str) -> list[Any]:
-    """``model``'s ``nn.Linear`` layers, refused (``ConfigError``) unless every one is float32 on the CPU."""
-    layers = [m for m in model.modules() if type(m) is torch.nn.Linear]
-    weights = {(m.weight.device.type, m.weight.dtype) for m in layers}
-    if weights - {("cpu", torch.float32)}:
-        raise not_float32_on_cpu(key, value, ", ".join(sorted(f"{dtype} on {device}" for device, dtype in weights)))
-    return layers
-
-
-def not_float32_on_cpu(key: str, value: str, found: str) -> ConfigError:
-    return ConfigError(key, value, f"this kernel runs float32 on the CPU, not {found}: remove the option, or load "
-                       "float32 on the CPU (option.dtype=fp32, option.device=cpu)")
-
-
-def environment_key(torch: Any) -> str:
-    """A short key of this Python environment and its torch: builds of two environments never share a folder."""
-    return hashlib.sha1(f"{sys.prefix}|{torch.__version__}".encode()).hexdigest()[:8]
-
-
-@contextlib.contextmanager
-def _building_alone(name: str) -> Iterator[None]:
-    """Holds an ``flock`` on the extension's build folder while torch builds or loads it. torch's own ``lock`` file
-    outlives a build that was killed, and then stalls every later load of that extension for ever. An flock dies
-    with its holder, so a ``lock`` found while holding ours was left by a dead build: it is removed."""
-    import fcntl
-
-    from torch.utils.cpp_extension import _get_build_directory
-
-    folder = Path(_get_build_directory(name, verbose=False))
-    with open(folder / "lmi.flock", "w") as held:
-        fcntl.flock(held, fcntl.LOCK_EX)
-        left = folder / "lock"
-        if left.exists():
-            logger.warning("removing %s, left by a kernel build that did not finish", left)
-            left.unlink()
-        yield
-
-
-def build(torch: Any, key: str, source: Path) -> Any:
-    """The extension module compiled from ``source`` for ``option.<key>=compiled``; ``ConfigError`` naming the option
-    when it cannot be built."""
-    try:
-        from torch.utils.cpp_extension import load
-
-        capability = torch.backends.cpu.get_cpu_capability()
-        # One build folder per capability and environment: a cache shared by two CPUs (or ATEN_CPU_CAPABILITY set),
-        # or by two virtual environments with their own torch, keeps every build instead of rebuilding over another.
-        name = f"lmi_{source.stem}_{capability.lower()}_{environment_key(torch)}"
-        with _building_alone(name):
-            return load(name, [str(source)], extra_cflags=["-O3", *CAPABILITY_FLAGS.get(capability, [])])
-    except Exception as exc:  # no compiler, no ninja, a failed build: each says so in its message
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
-        raise ConfigError(key, "compiled", f"building the kernel failed ({reason}): install a C++ compiler and ninja, "
-                          "or remove the option") from exc

@@ -5,8 +5,8 @@ A decode step on the CPU allocates and frees tensors of a few megabytes every st
 distributions: 16 rows of a 49,152-token vocabulary are 3 MB). By default glibc maps such blocks fresh and
 returns them to the kernel when they are freed, or trims the top of its heap, so every step faults its tensors in
 again page by page. Kept instead, sampling (what a chat request without sampling fields asks for) takes about half
-the time a step or less (``benchmarks/engine.py sampling``; figures in docs/optimizations.md, "Measured
-figures"). The numbers computed are the same; the process's resident memory stays at its
+the time a step or less (``benchmarks/engine.py sampling``; figures in docs/engine.md,
+"Figures"). The numbers computed are the same; the process's resident memory stays at its
 peak rather than shrinking after it.
 
 ``mallopt`` through ctypes (standard library), where the C library has it: glibc. Elsewhere nothing changes.

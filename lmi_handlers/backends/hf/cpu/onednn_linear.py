@@ -3,7 +3,7 @@
 torch's CPU build multiplies float32 linear layers with MKL. oneDNN, which torch also ships (and which
 torch's inductor and vLLM's CPU build use for the same products), runs them from weights reordered once
 into its blocked layout; on some CPUs that is much faster for decode's few rows (``benchmarks/engine.py linear``;
-figures in docs/optimizations.md, "Measured figures"). From ``kernels.WIDE_ROWS`` rows (a prefill chunk) a layer
+figures in docs/engine.md, "Figures"). From ``common.WIDE_ROWS`` rows (a prefill chunk) a layer
 runs torch's own product on the stock weights instead, as fast or faster there. The sums are taken in another
 order, so logits move in the fifth digit: greedy output equals ``model.generate`` on the same prepacked model, not
 on the stock one; ``stock`` is the choice where greedy output must equal the stock model's bit for bit. ``auto``
@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from ....config import ConfigError
-from .kernels import WIDE_ROWS, float32_cpu_linears
+from .common import WIDE_ROWS, float32_cpu_linears
 
 PACK_ROWS = 16  # the batch size oneDNN picks its weight layout for; any row count runs on it
 

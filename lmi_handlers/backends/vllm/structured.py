@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from ..config import ConfigError
-from .constraint import Constraint
-from .tools import Parser, ToolCalling, compact_json
+from ...config import ConfigError
+from ...structured.constraint import Constraint
+from ...structured.tools import Parser, ToolCalling, compact_json
 
 
 def structured_outputs(constraint: Constraint | None) -> dict[str, Any] | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ...errors import InvalidRequest
-from ...structured.tools import ToolCalling, with_tool_prompt
+from ..errors import InvalidRequest
+from ..structured.tools import ToolCalling, with_tool_prompt
 
 
 class HFTokenizer:

@@ -1,0 +1,121 @@
+"""The vllm backend in DJL's async mode (``option.async_mode=true``): each request one ``generate`` on vLLM's
+``AsyncLLM`` (``backends/vllm/async_engine.py``), through ``lmi serve`` on the tiny random model. Sixteen requests in
+flight at once answer as vLLM's own ``LLM.generate`` does; sampling fields, structured output, a forced tool call
+and a LoRA adapter work as in the rolling-batch path (``test_vllm_tiny.py``, ``test_vllm_features.py``); a client
+that goes away is aborted in vLLM. One server serves the module (a vLLM start takes a minute and more)."""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import jsonschema
+import pytest
+
+pytest.importorskip("vllm", reason="the vllm backend's tests run in the vLLM environment (scripts/test.sh)")
+
+IN_FLIGHT = 16
+MAX_TOKENS = 10
+PROMPTS = [f"{i} little pigs went to the market and" for i in range(IN_FLIGHT)]
+#: The engine the server and vLLM's reference both run: room for every request at once, and LoRA.
+ENGINE = {"max_num_seqs": IN_FLIGHT, "enable_lora": True, "max_lora_rank": 8}
+PET = {"type": "object", "properties": {"pet": {"enum": ["cat", "dog"]}}, "required": ["pet"],
+       "additionalProperties": False}
+TOOL = {"type": "function", "function": {"name": "pick", "parameters": PET}}
+
+
+@pytest.fixture(scope="module")
+def adapter(tmp_path_factory, vllm_tiny_model_dir, make_lora):
+    return make_lora(vllm_tiny_model_dir, tmp_path_factory.mktemp("vllm-async-lora") / "a1", ["q_proj", "v_proj"], 1)
+
+
+@pytest.fixture(scope="module")
+def server(serve_module, vllm_tiny_model_dir, vllm_properties, adapter):
+    model = serve_module.model_dir("tiny", {**vllm_properties, "option.model_id": str(vllm_tiny_model_dir),
+                                            "option.backend": "vllm", "option.async_mode": "true",
+                                            "option.rolling_batch": "disable", "option.max_rolling_batch_size": 16,
+                                            "option.enable_lora": "true", "option.max_lora_rank": 8})
+    (model / "adapters").mkdir()
+    (model / "adapters" / "a1").symlink_to(adapter)
+    return serve_module([model], ready=False).wait_ready(timeout=900)
+
+
+@pytest.fixture(scope="module")
+def reference(vllm_tiny_model_dir, vllm_generate, adapter):
+    """vLLM's own greedy token ids for PROMPTS, and for the first two with the adapter (one engine for both)."""
+    answers = vllm_generate(vllm_tiny_model_dir, [{"prompt": p, "lora": False} for p in PROMPTS] + PROMPTS[:2],
+                            MAX_TOKENS, ENGINE, adapter)
+    return answers[:IN_FLIGHT], answers[IN_FLIGHT:]
+
+
+def post(server, body, path="/predictions/tiny"):
+    return httpx.post(server.url + path, json=body, timeout=300)
+
+
+def greedy(prompt, **extra):
+    return {"inputs": prompt, "parameters": {"max_new_tokens": MAX_TOKENS, "details": True}, **extra}
+
+
+def ids(answer):
+    assert answer.status_code == 200, answer.text
+    return [token["id"] for token in answer.json()["details"]["tokens"]]
+
+
+def streamed_ids(server, body):
+    with httpx.stream("POST", server.url + "/predictions/tiny", json={**body, "stream": True}, timeout=300) as answer:
+        return [json.loads(line)["token"]["id"] for line in answer.iter_lines() if line]
+
+
+def test_sixteen_in_flight_answer_as_vllms_generate_streamed_or_not(server, reference):
+    plain, _ = reference
+    with ThreadPoolExecutor(IN_FLIGHT) as pool:
+        got = list(pool.map(lambda i: streamed_ids(server, greedy(PROMPTS[i])) if i % 2 else
+                            ids(post(server, greedy(PROMPTS[i]))), range(IN_FLIGHT)))
+    assert got == [answer["token_ids"] for answer in plain]
+    assert "DJL's async engine: option.async_mode=true" in server.logs()
+
+
+def test_sampling_fields_structured_output_a_tool_call_and_an_adapter_side_by_side(server, reference):
+    _, with_adapter = reference
+    chat = {"model": "tiny", "messages": [{"role": "user", "content": "Pick a pet."}], "max_tokens": 40,
+            "temperature": 0}
+    calls = {
+        "bias": lambda: post(server, greedy(PROMPTS[0], parameters={"max_new_tokens": MAX_TOKENS, "details": True,
+                                                                     "logit_bias": {"42": 100}, "ignore_eos": True})),
+        "top": lambda: post(server, greedy(PROMPTS[1], parameters={"max_new_tokens": 3, "details": True,
+                                                                    "top_logprobs": 2})),
+        "schema": lambda: post(server, {**chat, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "pet", "schema": PET, "strict": True}}},
+            "/v1/chat/completions"),
+        "tool": lambda: post(server, {**chat, "tools": [TOOL], "tool_choice": {"type": "function",
+                                                                              "function": {"name": "pick"}}},
+                             "/v1/chat/completions"),
+        "adapter 0": lambda: post(server, greedy(PROMPTS[0], adapters="a1")),
+        "adapter 1": lambda: post(server, greedy(PROMPTS[1], adapters="a1")),
+        "unknown adapter": lambda: post(server, greedy(PROMPTS[0], adapters="nope")),
+        "outside the vocabulary": lambda: post(server, greedy(PROMPTS[0], parameters={"logit_bias": {"999999": 1}})),
+    }
+    with ThreadPoolExecutor(len(calls)) as pool:
+        got = dict(zip(calls, pool.map(lambda call: call(), calls.values())))
+    assert ids(got["bias"]) == [42] * MAX_TOKENS
+    for token in got["top"].json()["details"]["tokens"]:
+        assert [alt["id"] for alt in token["top_logprobs"]][:1] == [token["id"]] and len(token["top_logprobs"]) == 2
+    jsonschema.validate(json.loads(got["schema"].json()["choices"][0]["message"]["content"]), PET)
+    [call] = got["tool"].json()["choices"][0]["message"]["tool_calls"]
+    assert call["function"]["name"] == "pick"
+    jsonschema.validate(json.loads(call["function"]["arguments"]), PET)
+    assert [ids(got["adapter 0"]), ids(got["adapter 1"])] == [a["token_ids"] for a in with_adapter]
+    assert got["unknown adapter"].status_code == 404 and "a1" in got["unknown adapter"].text
+    assert got["outside the vocabulary"].status_code == 400 and "logit_bias" in got["outside the vocabulary"].text
+
+
+def test_a_client_that_goes_away_is_aborted_in_vllm(server):
+    import time
+
+    body = {"inputs": PROMPTS[0], "stream": True, "parameters": {"max_new_tokens": 400, "ignore_eos": True}}
+    with httpx.stream("POST", server.url + "/predictions/tiny", json=body, timeout=300) as answer:
+        next(answer.iter_lines())
+    deadline = time.monotonic() + 60
+    while httpx.get(server.management_url + "/models/tiny").json()[0]["activeRequests"]:
+        assert time.monotonic() < deadline, "the request still runs after its client went away"
+        time.sleep(0.2)
+    assert ids(post(server, greedy(PROMPTS[2]))) and post(server, greedy(PROMPTS[3])).status_code == 200
