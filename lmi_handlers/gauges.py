@@ -2,10 +2,11 @@
 
 The Gateway API Inference Extension's model-server protocol (its proposal 003) scores replicas by queued and running
 requests, KV-cache use and the LoRA adapters in use, and reads them by default under vLLM's names
-(``vllm/v1/metrics/loggers.py``). Every engine's ``stats()`` (``engine.Engine``, the vllm backend's loop) states
-them under the keys below, as plain numbers and strings, so that any handler mode can send them: the rolling batch
-sends the whole dictionary to ``lmi serve`` (``rolling.STATS_PROPERTY``), whose ``/metrics`` names them
-(``lmi_tools/serving/metrics.py``), and ``DjlMetrics`` prints them for DJLServing's front end.
+(``vllm/v1/metrics/loggers.py``). Every engine's ``stats()`` (``engine.Engine``, the vllm backend's loop and async
+engine) states them under the keys below, as plain numbers and strings, so that any handler mode can send them: the
+rolling batch sends the whole dictionary to ``lmi serve`` with each step (``rolling.STATS_PROPERTY``), in DJL's async
+mode it answers a call of ``lmi serve``'s that asks for it (``async_service.py``); ``/metrics`` names them
+(``lmi_tools/serving/metrics.py``), and ``DjlMetrics`` prints them for DJLServing's front end in either mode.
 
 DJLServing reads a handler's metrics from its output: a line holding ``[METRICS]`` followed by
 ``Name.Unit:value|#Dimension:value|type`` (``PyProcess``'s reader and DJL's ``Metric.parse``); with

@@ -211,7 +211,7 @@ class ServedModel:
                 "batchSize": self.settings.batch_size, "maxBatchDelayMillis": self.settings.max_batch_delay_ms,
                 "queueSize": self.settings.job_queue_size, "queueLength": self.jobs.qsize(),
                 "rollingBatch": self.settings.rolling, "maxRollingBatchSize": self.settings.max_rolling_batch_size,
-                "activeRequests": len(self.channel.active if self.channel else self.rolling_batch.active),
+                "activeRequests": self.channel.requests() if self.channel else len(self.rolling_batch.active),
                 "workerGroups": [{"workers": [worker]}]}
         if self.failure:
             info["error"] = self.failure
@@ -444,6 +444,7 @@ class ServedModel:
             if job is not None:
                 channel.send(job.input, job)
             channel.cancel_gone(lambda key: key.cancelled)
+            channel.read_stats()
         except WorkerDied:
             channel.dead.set()  # the reader sees it too; the next turn restarts the worker
 

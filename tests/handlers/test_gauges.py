@@ -2,7 +2,9 @@
 DJLServing's front end parses (with DJL's own pattern, ``Metric.parse``). How ``lmi serve`` names and labels them:
 ``tests/serving/test_gateway_metrics.py``."""
 
+import asyncio
 import io
+import json
 import re
 
 from lmi_handlers.adapters import Adapter, AdapterSpec
@@ -54,3 +56,34 @@ def test_djl_lines_parse_with_djls_pattern_and_follow_the_engine():
     metrics.publish({"running": 4, "waiting": 1, "kv_cache_usage": 0.6})
     metrics.publish({"running": 0, "waiting": 0, "kv_cache_usage": 0})  # idle: at once
     assert len(out.getvalue().splitlines()) == 9 and out.getvalue().endswith("vllm_kv_cache_usage_perc.None:0|#Model:my_model_1|g\n")
+
+
+def test_in_async_mode_the_gauges_answer_lmi_serves_call_and_go_out_as_djl_lines(monkeypatch):
+    """DJL's async mode has no step answers to carry the counters: ``lmi serve`` asks for them with a call, and for
+    DJLServing they are printed while requests run, then once the engine is idle."""
+    from lmi_handlers import async_service, gauges
+    from lmi_handlers.protocol import Input
+
+    from .test_async_mode import call, items, loaded
+    from .test_async_mode import request as async_request
+
+    monkeypatch.setattr(gauges, "DJL_INTERVAL", 0.05)
+    monkeypatch.setattr(async_service, "DJL_INTERVAL", 0.05)
+    module = loaded("ours", scripted_step_delay_ms="20")
+    out = module.handler.djl_metrics.out = io.StringIO()  # this handler's lines alone
+
+    async def scenario():
+        running = asyncio.ensure_future(call("ours", module, async_request({"inputs": "x", "parameters": {
+            "max_new_tokens": 20}}, "r")))
+        await asyncio.sleep(0.2)
+        during = await call("ours", module, Input({"lmi_engine_stats": "true", "request_tracking_id": "s1"}))
+        await running
+        await asyncio.sleep(0.2)  # the publisher's last turn
+        after = await call("ours", module, Input({"lmi_engine_stats": "true", "request_tracking_id": "s2"}))
+        return during, after
+
+    during, after = (json.loads(items(outputs)[0]["data"]) for outputs in module.run(scenario()))
+    assert (during["running"], during["kv_cache_usage"]) == (1, round(1 / 32, 4)) and after["running"] == 0
+    lines = [line.split("[METRICS]", 1)[1] for line in out.getvalue().splitlines() if "[METRICS]" in line]
+    running = [DJL_METRIC.fullmatch(line).group(3) for line in lines if line.startswith("vllm_num_requests_running")]
+    assert "1" in running and running[-1] == "0", lines

@@ -2,8 +2,10 @@
 
 The scheduler alone on a small block pool (admission order, the preemption victim, preemption for a more urgent
 request), then the handler under a full rolling batch: a high-priority request's first token comes before those of
-the requests queued ahead of it. Ordering only, never timing."""
+the requests queued ahead of it, and in DJL's async mode an urgent request's answer before theirs. Ordering only, never
+timing."""
 
+import asyncio
 from collections import deque
 
 import pytest
@@ -116,3 +118,27 @@ def test_the_policy_option_takes_vllms_names():
     assert priority_scheduling({"scheduling_policy": "priority"}) and not priority_scheduling({})
     with pytest.raises(ConfigError, match="fcfs, priority"):
         priority_scheduling({"scheduling_policy": "lifo"})
+
+
+def test_in_async_mode_an_urgent_request_overtakes_the_queue_too():
+    """DJL's async mode: our engine on its own thread schedules by priority as the rolling batch does."""
+    from .test_async_mode import call, items, loaded
+    from .test_async_mode import request as async_request
+
+    module = loaded("ours", max_rolling_batch_size="2", scheduling_policy="priority", scripted_step_delay_ms="10")
+    done = []
+
+    async def ask(name, tokens, priority=0):
+        outputs = await call("ours", module, async_request(
+            {"inputs": name, "parameters": {"max_new_tokens": tokens, "priority": priority}}, name))
+        assert "error" not in items(outputs)[-1], items(outputs)
+        done.append(name)
+
+    async def scenario():
+        running = [asyncio.ensure_future(ask(name, tokens)) for name, tokens in (("run1", 4), ("run2", 6))]
+        await asyncio.sleep(0.03)  # both rows taken; those below wait for one
+        queued = [asyncio.ensure_future(ask(name, 3)) for name in ("q1", "q2", "q3")]
+        await asyncio.gather(*running, *queued, ask("urgent", 3, priority=-5))
+
+    module.run(scenario())
+    assert done.index("urgent") < min(done.index(name) for name in ("q1", "q2", "q3")), done

@@ -1,7 +1,7 @@
 """OpenTelemetry spans per request (issue 47), caught by the SDK's in-memory exporter: one ``llm_request`` span
 under the client's ``traceparent`` with ``queued``, ``prefill`` and ``decode`` children in order, token counts and the
-model; a failed or cancelled sequence ends its span with an error. (Over OTLP/HTTP, through ``lmi serve``:
-``integration_tests/test_serve_fleet.py``.)"""
+model, in rolling batch and in DJL's async mode; a failed or cancelled sequence ends its span with an error. (Over
+OTLP/HTTP, through ``lmi serve``: ``integration_tests/test_serve_fleet.py``.)"""
 
 import pytest
 
@@ -77,3 +77,21 @@ def test_tracing_follows_the_option_and_the_standard_variables():
     assert not tracing.enabled({"otlp_traces_endpoint": "http://c"}, {"OTEL_TRACES_EXPORTER": "none"})
     with pytest.raises(ConfigError, match="OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
         tracing.Tracer.from_config("m", {"otlp_traces_endpoint": "x"}, {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": "udp"})
+
+
+def test_in_async_mode_the_engine_thread_traces_under_the_clients_traceparent():
+    from .test_async_mode import call, loaded, request, text
+
+    module = loaded("ours", otlp_traces_endpoint="http://127.0.0.1:9/v1/traces")
+    engine = module.handler._async.engine.engine  # our engine, on the engine thread
+    engine.tracer.close()
+    exporter, provider = InMemorySpanExporter(), sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    engine.tracer = tracing.Tracer("scripted-model", provider)
+    answer = module.run(call("ours", module, request({"inputs": "hello", "parameters": {"max_new_tokens": 3}}, "t",
+                                                    headers=JSON + [("traceparent", f"00-{TRACE_ID}-{PARENT}-01")])))
+    assert "generated_text" in text(answer)
+    spans = by_name(exporter.get_finished_spans())
+    assert set(spans) == {"llm_request", "queued", "prefill", "decode"}
+    assert format(spans["llm_request"].context.trace_id, "032x") == TRACE_ID
+    assert format(spans["llm_request"].parent.span_id, "016x") == PARENT

@@ -14,7 +14,7 @@ def test_lmi_serve_labels_them_as_vllm_does():
     loop._read_stats('{"running": 2, "waiting": 1, "kv_cache_usage": 0.25, "max_lora": 4, "running_lora_adapters": '
                      '"a,b", "waiting_lora_adapters": "", "kv_block_size": 16, "kv_blocks_total": 64, '
                      '"prefix_cache_prompt_tokens": 100, "prefix_cache_hit_tokens": 40}')
-    model = SimpleNamespace(rolling_batch=loop, settings=SimpleNamespace(rolling=True), in_flight=0,
+    model = SimpleNamespace(rolling_batch=loop, channel=None, settings=SimpleNamespace(rolling=True), in_flight=0,
                             jobs=SimpleNamespace(qsize=lambda: 3))
     class Collector:
         def collect(self):

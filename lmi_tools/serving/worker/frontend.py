@@ -157,6 +157,18 @@ def _request_headers(properties: Mapping[str, Any]) -> dict[int, dict[str, str]]
     return headers
 
 
+def engine_stats(raw: Any) -> dict[str, float | str] | None:
+    """The engine's counters in ``raw`` (the JSON of our handler's ``lmi_engine_stats``): numbers, and the adapter
+    lists as strings; None where it holds none (counters are a nicety: a garbled value never fails a request)."""
+    if not raw:
+        return None
+    try:
+        stats = json.loads(raw)
+    except ValueError:
+        return None
+    return {k: v for k, v in stats.items() if isinstance(v, (int, float, str))} if isinstance(stats, dict) else None
+
+
 class RollingBatchLoop:
     """The Java side of rolling batch (``RollingBatch.run``, reference §4.1-4.2) without the I/O:
     the ordered active list, the step Input, and what each returned item means for its request.
@@ -226,15 +238,9 @@ class RollingBatchLoop:
         return results
 
     def _read_stats(self, raw: Any) -> None:
-        if not raw:
-            return
-        try:
-            stats = json.loads(raw)
-        except ValueError:
-            return  # counters are a nicety: a garbled property never fails the step
-        if isinstance(stats, dict):
-            self.engine_stats = {k: v for k, v in stats.items() if isinstance(v, (int, float, str))}
-            self.engine_stats_at = time.time()
+        stats = engine_stats(raw)
+        if stats is not None:
+            self.engine_stats, self.engine_stats_at = stats, time.time()
 
     def fail_all(self, code: int, error: str) -> list[StepItem]:
         """Every active request ends with this error; the next step resets the handler."""
