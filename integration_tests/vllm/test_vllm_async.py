@@ -130,21 +130,32 @@ def test_vllms_own_statistics_reach_metrics_and_a_priority_reaches_its_scheduler
 
     from prometheus_client.parser import text_string_to_metric_families
 
-    plain, _ = reference
-    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True, "priority": -3}}
-    assert ids(post(server, body)) == plain[0]["token_ids"]
-    deadline = time.monotonic() + 10
-    while True:
+    from lmi_tools.serving.async_channel import STATS_EVERY
+
+    def samples_now():
         text = httpx.get(server.url + "/metrics", timeout=10).text
-        samples = {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name.startswith("vllm:")}
-        queries = samples.get("vllm:prefix_cache_queries_total")
-        if (queries is not None and queries.value and not samples["vllm:num_requests_running"].value) or \
+        return {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name.startswith("vllm:")}
+
+    def queries(samples):
+        return samples["vllm:prefix_cache_queries_total"].value if "vllm:prefix_cache_queries_total" in samples else 0
+
+    plain, _ = reference
+    time.sleep(STATS_EVERY + 0.5)  # lmi serve's read after the last request of the tests before
+    before = queries(samples_now())
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True, "priority": -3}}
+    answer = post(server, body)
+    assert ids(answer) == plain[0]["token_ids"]
+    prompt_tokens = answer.json()["details"]["prompt_tokens"]
+    deadline = time.monotonic() + 10
+    while True:  # lmi serve reads the numbers once a second, and once after the last request
+        samples = samples_now()
+        if (queries(samples) - before == prompt_tokens and not samples["vllm:num_requests_running"].value) or \
                 time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert samples["vllm:num_requests_running"].labels == {"model_name": "tiny", "engine": "0"}
     assert samples["vllm:num_requests_running"].value == 0 and samples["vllm:num_requests_waiting"].value == 0
     assert samples["vllm:kv_cache_usage_perc"].value == 0  # idle: vLLM holds no block for a request
-    assert samples["vllm:prefix_cache_queries_total"].value >= len(plain[0]["token_ids"])
+    assert queries(samples) - before == prompt_tokens  # vLLM looked the prompt up in its prefix cache
     assert samples["vllm:lora_requests_info"].labels["max_lora"].isdigit()  # LoRA is on: vLLM's own series

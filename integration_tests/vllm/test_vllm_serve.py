@@ -145,13 +145,18 @@ def test_vllms_own_statistics_reach_metrics_and_a_priority_reaches_its_scheduler
     """vLLM's scheduler gauges and prefix cache counters, from vLLM's own stat logger (issue 47)."""
     from prometheus_client.parser import text_string_to_metric_families
 
+    def samples_now():
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name.startswith("vllm:")}
+
+    before = samples_now().get("vllm:prefix_cache_queries_total")
     answer = generate(server, PROMPTS[0], priority=-3)
     assert answer["generated_text"] == reference[PROMPTS[0]]["text"]
-    text = httpx.get(server.url + "/metrics", timeout=10).text
-    samples = {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
-               if sample.name.startswith("vllm:")}
+    samples = samples_now()
     assert samples["vllm:num_requests_running"].labels == {"model_name": "smollm2", "engine": "0"}
     assert samples["vllm:num_requests_running"].value == 0 and samples["vllm:num_requests_waiting"].value == 0
     assert samples["vllm:kv_cache_usage_perc"].value == 0  # idle: vLLM holds no block for a request
-    assert samples["vllm:prefix_cache_queries_total"].value >= len(reference[PROMPTS[0]]["token_ids"])
+    queried = samples["vllm:prefix_cache_queries_total"].value - (before.value if before else 0)
+    assert queried == answer["details"]["prompt_tokens"]  # vLLM looked the prompt up in its prefix cache
     assert "vllm:lora_requests_info" not in samples  # no LoRA: vLLM has no such series either
