@@ -10,14 +10,18 @@ async generator of ``Output``s (a stream), each written as ``djl_python.async_ut
 with theirs; a whole body gains one, as every LMI async answer does). A request that fails, before or during
 generation, answers ``{"data": "", "last": true, "error", "code"}`` alone.
 
-Two calls beside requests: adapters register, update and unregister between two engine steps; and our local server
-marks a request whose client went away with a call carrying ``lmi_cancel=<its tracking id>`` (DJLServing never sends
-it), which ends that request in the engine at once.
+Calls beside requests: adapters register, update and unregister between two engine steps; and two of our local
+server's (DJLServing never sends them): a call carrying ``lmi_cancel=<its tracking id>`` marks a request whose client
+went away, which ends it in the engine at once, and a call carrying ``lmi_engine_stats`` is answered with the
+engine's counters (``gauges.py``: what gateways read), as a rolling batch sends them with each step. For DJLServing
+the same counters go out as its ``[METRICS]`` lines (``gauges.DjlMetrics``) while requests run, and once more when
+the last one ends.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any, AsyncIterator
 
@@ -25,9 +29,10 @@ from . import djl
 from .encoding import dumps
 from .errors import Cancelled, HandlerError, InvalidRequest, log_failure, status_of
 from .events import ErrorEvent, Event
+from .gauges import DJL_INTERVAL
 from .job import Job
 from .pooling.batch import answer_batch
-from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES, preparation_pool
+from .rolling import CANCEL_PROPERTY, INLINE_BODY_BYTES, STATS_PROPERTY, preparation_pool
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +53,8 @@ class AsyncService:
         self._pooling = asyncio.Lock()
         #: Where a large body is parsed and tokenized, and a grammar compiled, beside the event loop and the engine.
         self._pool = preparation_pool()
+        #: Prints the engine's gauges for DJLServing while requests run (``_publish``).
+        self._publisher: asyncio.Task | None = None
 
     async def handle(self, inputs: Any) -> Any:
         if self.engine is None:
@@ -57,6 +64,8 @@ class AsyncService:
         if inputs.get_property(CANCEL_PROPERTY):
             self.cancel(str(inputs.get_property(CANCEL_PROPERTY)))
             return None
+        if inputs.get_property(STATS_PROPERTY):
+            return djl.async_output(json.dumps(self.stats(), separators=(",", ":")), True, JSON)
         if inputs.is_empty():
             return None
         if inputs.is_batch():
@@ -87,6 +96,19 @@ class AsyncService:
         except Exception as exc:  # noqa: BLE001 - the init call's failure is the load's answer
             return self.handler.error_output(exc)
         return None
+
+    def stats(self) -> dict[str, Any]:
+        """The engine's counters (an embedding model's pooler has none)."""
+        stats = getattr(self.engine, "stats", None)
+        return stats() if stats is not None else {}
+
+    async def _publish(self) -> None:
+        """DJL's ``[METRICS]`` lines, every ``DJL_INTERVAL`` seconds while requests run, then the idle engine's."""
+        while self.running:
+            self.handler.djl_metrics.publish(self.stats())
+            await asyncio.sleep(DJL_INTERVAL)
+        self.handler.djl_metrics.publish(self.stats())
+        self._publisher = None
 
     def cancel(self, tracking_id: str) -> None:
         """End the request ``tracking_id`` now (its client went away); unknown ids (already done) are ignored."""
@@ -150,6 +172,8 @@ class AsyncService:
         queue: asyncio.Queue = asyncio.Queue()
         self.running[tracking_id] = queue
         self.engine.submit(job.seqs, queue.put_nowait)
+        if self._publisher is None:
+            self._publisher = asyncio.get_running_loop().create_task(self._publish(), name="lmi-djl-metrics")
         try:
             while not job.done:
                 events = await queue.get()

@@ -19,12 +19,15 @@ from typing import Any, Iterable, Mapping
 from . import dtypes
 from .adapters import KEYS as LORA_KEYS
 from .errors import ConfigError
+from .kv_events import KEYS as KV_EVENTS_KEYS
 from .mode import java_true
 from .schemas import RequestLimits
 from .pooling.options import KEYS as POOLING_KEYS
+from .scheduler import KEYS as SCHEDULER_KEYS
 from .structured.admission import KEYS as GRAMMAR_KEYS
 from .structured.reasoning import KEYS as REASONING_KEYS
 from .structured.tools import KEYS as TOOL_KEYS
+from .tracing import KEYS as TRACING_KEYS
 from .values import as_text, parse_bool, parse_choice, parse_float, parse_int  # noqa: F401 - the parsers' old home
 
 OUTPUT_FORMATTERS = ("json", "jsonlines", "sse", "json_chat", "jsonlines_chat", "sse_chat")
@@ -66,7 +69,7 @@ SERVER_KEYS = frozenset({
     "model_loading_timeout", "predict_timeout", "parallel_loading", "enable_venv", "pythonExecutable",
     "env", "batchifier", "retry_threshold", "log_request_metric", "metrics_aggregation", "mpi_mode",
     "async_mode", "pipeline_parallel_degree", "input_formatter", "model_name", "requestId",
-    "recommended_entry_point", "max_dynamic_batch_size", "chunked_read_timeout",
+    "recommended_entry_point", "max_dynamic_batch_size", "chunked_read_timeout", "metric_dimension",
 })
 # LMI options that other handlers use and this one does not: accepted with a notice.
 UNUSED_LMI_KEYS = frozenset({
@@ -206,8 +209,8 @@ HANDLER_KEYS = frozenset({
     "batch_size", "rolling_batch", "max_rolling_batch_size", "max_rolling_batch_prefill_tokens", "enable_chunked_prefill",
     "trust_remote_code", "tensor_parallel_degree", "max_model_len", "revision", "max_prompt_chars",
     "max_prompts_per_request",
-}) | frozenset(TOOL_KEYS) | LORA_KEYS | frozenset(REASONING_KEYS) | frozenset(POOLING_KEYS) | frozenset(
-    GRAMMAR_KEYS)
+}) | frozenset(TOOL_KEYS) | LORA_KEYS | frozenset(REASONING_KEYS) | frozenset(POOLING_KEYS) | frozenset(GRAMMAR_KEYS) \
+    | frozenset(SCHEDULER_KEYS) | frozenset(KV_EVENTS_KEYS) | frozenset(TRACING_KEYS)
 
 
 def _as_written(key: str) -> str:

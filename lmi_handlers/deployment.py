@@ -6,9 +6,10 @@ Resolving takes three steps, each a function of the one before, each raising ``C
 the value and what is allowed) for what loading would refuse:
 
 - ``read_settings(properties) -> Settings``: the handler's own settings (``HandlerConfig``), its tool-call, LoRA
-  and grammar-budget options, the backend they ask for (``option.backend``, or the ``option.rolling_batch`` value a
-  backend owns), which of DJL's Python engines calls the handler (``mode.serving_mode``, given the LMI image where
-  ``lmi validate`` names one) and whether the model embeds (``option.task``);
+  and grammar-budget options, its scheduling policy and KV events (``scheduler.py``, ``kv_events.py``), the backend
+  they ask for (``option.backend``, or the ``option.rolling_batch`` value a backend owns), which of DJL's Python
+  engines calls the handler (``mode.serving_mode``, given the LMI image where ``lmi validate`` names one) and whether
+  the model embeds (``option.task``);
 - ``choose(settings, target) -> Choice``: the backend's registry entry and why (``auto`` is the first backend
   available here, or the one the instance's LMI image runs; a backend named here must be able to load);
 - ``Choice.deploy(model) -> Deployment``: the backend's options, its adapter rule, and for an instance its checks of
@@ -31,8 +32,10 @@ from .backends.registry import choose as choose_here
 from .config import ROLLING_BATCH_MODES, HandlerConfig, check_unknown_keys
 from .default_dtype import cpu_flags
 from .errors import ConfigError
+from .kv_events import KVEventsOptions
 from .mode import Image, Mode, serving_mode
 from .pooling import pooling_task
+from .scheduler import priority_scheduling
 from .structured.admission import GrammarBudget
 from .structured.tools import ToolOptions
 
@@ -99,6 +102,10 @@ class Settings:
     embedding: bool
     #: What one request's grammar may cost (``structured/admission.py``).
     grammar: GrammarBudget
+    #: ``option.scheduling_policy=priority``: requests may set ``priority`` (``scheduler.py``).
+    by_priority: bool
+    #: ``option.kv_events_config`` where it turns vLLM's KV events on, else None (``kv_events.py``).
+    kv_events: KVEventsOptions | None
 
 
 @dataclass(frozen=True)
@@ -174,7 +181,8 @@ def read_settings(properties: Mapping[str, Any], image: Image | None = None,
     requested, asked_by = _requested(config)
     return Settings(config, requested, asked_by, ToolOptions.from_properties(config.properties),
                     LoraOptions.from_properties(config.properties), mode, pooling_task(config.properties),
-                    GrammarBudget.from_properties(config.properties))
+                    GrammarBudget.from_properties(config.properties), priority_scheduling(config.properties),
+                    KVEventsOptions.from_properties(config.properties))
 
 
 def choose(settings: Settings, target: Host = HERE) -> Choice:

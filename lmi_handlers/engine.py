@@ -17,32 +17,38 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from typing import Iterator, Sequence
+from typing import Any, Iterator, Sequence
 
 from .backends.base import Backend
 from .errors import SequenceFailed, log_failure, status_of, step_failure
 from .events import Event
+from .gauges import adapter_names
 from .scheduler import Scheduler
-from .sequence import SequenceState
+from .sequence import Chunk, SequenceState
 
 logger = logging.getLogger(__name__)
 STATS_EVERY = 30.0  # seconds between two counter lines in the log while requests run
 
 
 class Engine:
-    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False):
+    def __init__(self, backend: Backend, max_prefill_tokens: int | None = None, chunked_prefill: bool = False,
+                 by_priority: bool = False):
         self.backend = backend
-        self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill)
+        self.scheduler = Scheduler(backend, max_prefill_tokens, chunked_prefill, by_priority)
         self._logged = time.monotonic()
         self.waiting: deque[SequenceState] = deque()
         self.running: list[SequenceState] = []
+        #: OpenTelemetry spans per sequence (``tracing.Tracer``), when tracing is on.
+        self.tracer: Any = None
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.running
 
     def add(self, seq: SequenceState) -> None:
-        self.waiting.append(seq)
+        if self.tracer is not None:
+            self.tracer.begin(seq)
+        self.scheduler.enqueue(self.waiting, seq)
 
     def cancel(self, seq: SequenceState) -> None:
         """Stop a sequence now (its client went away) and free its slot."""
@@ -52,6 +58,7 @@ class Engine:
             self.running.remove(seq)
             self.backend.release(seq)
         seq.finished = True
+        self._traced_end(seq, "cancelled: the client went away")
 
     def reset(self) -> None:
         for seq in self.running:
@@ -59,17 +66,26 @@ class Engine:
             seq.finished = True
         for seq in self.waiting:
             seq.finished = True
+        for seq in (*self.running, *self.waiting):
+            self._traced_end(seq, "the engine was reset")
         self.running, self.waiting = [], deque()
         self.backend.reset()
 
-    def stats(self) -> dict[str, int | float]:
-        """Counters for the server's log and metrics: sequences, KV blocks, prefix hits, preemptions, and the
-        draft acceptance rate when the backend speculates."""
-        out: dict[str, int | float] = {"running": len(self.running), "waiting": len(self.waiting),
-                                       "preemptions": self.scheduler.preemptions}
+    def stats(self) -> dict[str, int | float | str]:
+        """Counters for the server's log and metrics: sequences, KV blocks and their use (``gauges.py``: what
+        gateways read), prefix hits, preemptions, the adapters running and waiting where LoRA is on, and the draft
+        acceptance rate when the backend speculates. Plain numbers and strings, read from this engine alone."""
+        out: dict[str, int | float | str] = {"running": len(self.running), "waiting": len(self.waiting),
+                                             "preemptions": self.scheduler.preemptions}
         kv = getattr(self.backend, "kv", None)
         if kv is not None:
             out.update(kv.stats())
+            out["kv_cache_usage"] = round(kv.used / kv.num_blocks, 4)
+        else:  # a slot per sequence, each sized for a whole sequence
+            out["kv_cache_usage"] = round(len(self.running) / max(self.backend.max_batch_size, 1), 4)
+        if self.scheduler.max_adapters is not None:
+            out.update(max_lora=self.scheduler.max_adapters, running_lora_adapters=adapter_names(self.running),
+                       waiting_lora_adapters=adapter_names(self.waiting))
         speculation = getattr(self.backend, "speculation_stats", None)
         if speculation is not None:
             out.update(speculation())
@@ -80,6 +96,8 @@ class Engine:
         chunks = self.scheduler.schedule(self.waiting, self.running)
         if not chunks:
             return {}
+        if self.tracer is not None:
+            self._traced(chunks, admitted=True)
         try:
             chosen = self.backend.step(chunks)
         except Exception as exc:  # noqa: BLE001 - every backend failure is reported per sequence
@@ -89,6 +107,7 @@ class Engine:
             events: dict[int, list[Event]] = {seq.uid: [seq.fail(code, message)] for seq in active}
             for seq in active:
                 self.backend.release(seq)
+                self._traced_end(seq, message)
             self.running = []
             self.backend.reset()
             return events
@@ -112,10 +131,30 @@ class Engine:
             if seq.finished:
                 self.backend.release(seq)
         self.running = [seq for seq in self.running if not seq.finished]
+        if self.tracer is not None:
+            self._traced(chunks)
+        if kv is not None and kv.events is not None:
+            kv.events.flush()  # this step's KV events, as one batch
         if time.monotonic() - self._logged >= STATS_EVERY:
             self._logged = time.monotonic()
             logger.info("engine: %s", " ".join(f"{k}={v}" for k, v in self.stats().items()))
         return events
+
+    def _traced(self, chunks: list[Chunk], admitted: bool = False) -> None:
+        """Span times: a sequence's first chunk is its admission; after the step, its first token and its end."""
+        now = time.time_ns()
+        for chunk in chunks:
+            times = chunk.seq.trace
+            if times is None:
+                continue
+            if admitted:
+                times.admitted = times.admitted or now
+            else:
+                self.tracer.progress(chunk.seq, now)
+
+    def _traced_end(self, seq: SequenceState, error: str) -> None:
+        if self.tracer is not None:
+            self.tracer.end(seq, error)
 
     @staticmethod
     def _append(seq: SequenceState, picks: tuple | list[tuple]) -> tuple[int, list[Event]]:

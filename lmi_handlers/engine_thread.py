@@ -36,6 +36,8 @@ class EngineThread:
         self.loop = loop
         self._inbox: queue.SimpleQueue[tuple[str, Any, Any]] = queue.SimpleQueue()
         self._sinks: dict[int, Deliver] = {}  # the engine thread's own: which request each sequence belongs to
+        #: The engine's counters, taken on its thread after each change (the engine is not thread-safe).
+        self._stats = engine.stats()
         self._thread = threading.Thread(target=self._run, name="lmi-engine", daemon=True)
         self._thread.start()
 
@@ -55,9 +57,9 @@ class EngineThread:
         self._inbox.put(("call", (function, args), future))
         return await future
 
-    def stats(self) -> dict[str, int | float]:
-        """The engine's counters, read from the event loop's thread (numbers only, so a snapshot is safe)."""
-        return self.engine.stats()
+    def stats(self) -> dict[str, int | float | str]:
+        """The engine's counters as of its latest step (or request added or cancelled while it was idle)."""
+        return self._stats
 
     # --- the engine's thread -----------------------------------------------------------------------------------
 
@@ -65,6 +67,7 @@ class EngineThread:
         while True:
             self._take(block=self.engine.idle)  # asleep while nothing runs
             if self.engine.idle:
+                self._stats = self.engine.stats()
                 continue
             try:
                 events = self.engine.step()
@@ -73,6 +76,7 @@ class EngineThread:
                 log_failure(logger, "an engine step failed", exc)
                 events = {seq.uid: [seq.fail(status_of(exc), step_failure(exc))] for seq in self.engine.running}
                 self.engine.reset()
+            self._stats = self.engine.stats()  # before the answers go: a request that ended no longer counts
             if events and not self._send(events):
                 return
 

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from typing import Any, Callable, Iterator
 
 from . import djl
 from . import adapters as lora
+from . import kv_events, tracing
 from .backends.base import Backend
 from .config import ConfigError, HandlerConfig
 from .deployment import Deployment, resolve
@@ -28,6 +30,7 @@ from .structured.reasoning import Reasoning, reasoning_for
 from .encoding import dumps, error_object, reason_phrase
 from .engine import Engine
 from .errors import HandlerError, InvalidRequest, capped, log_failure, status_of
+from .gauges import DjlMetrics
 from .job import Job, compile_grammars, prepare_job
 from .rolling import RollingBatch
 
@@ -50,6 +53,10 @@ class Handler:
         #: An embedding model's backend (``option.task=text-embedding``): requests are answered by ``pooling/``.
         self.pooler: Pooler | None = None
         self._async: Any = None
+        #: Requests carry their trace context to the engine (``tracing.py``).
+        self.traced = False
+        #: The engine's gauges as DJLServing's ``[METRICS]`` lines (``gauges.py``).
+        self.djl_metrics = DjlMetrics()
 
     def initialize(self, properties: dict[str, Any], awaited: bool = False) -> None:
         """Load; ``awaited`` (DJL's async engine calls): ``async_service.py`` starts the engine requests join."""
@@ -73,6 +80,8 @@ class Handler:
             self.initialized = True
             return
         self.adapters = lora.Adapters(deployment.lora, backend.load_adapter if deployment.backend.adapters else None)
+        self.traced = tracing.enabled(config.properties)
+        self.djl_metrics = DjlMetrics(str(config.properties.get("metric_dimension") or "model"))
         if deployment.mode.asynchronous != awaited:
             logger.warning("option.async_mode=%s, but DJL's %s engine calls handle: answering as that engine awaits",
                            str(deployment.mode.asynchronous).lower(), "async" if awaited else "sync")
@@ -80,14 +89,22 @@ class Handler:
             # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
             step_loop = deployment.backend.step_loop
             self.engine = step_loop(backend) if step_loop is not None else self.new_engine()
-            self.rolling = RollingBatch(self.engine, self.prepare, self.admit) if config.rolling else None
+            self.rolling = RollingBatch(self.engine, self.prepare, self.admit, djl_metrics=self.djl_metrics) \
+                if config.rolling else None
         self.initialized = True
 
     def new_engine(self) -> Engine:
-        """Our engine over the loaded backend (the backends without a step loop of their own)."""
-        assert self.config is not None and self.backend is not None
-        engine = Engine(self.backend, self.config.max_rolling_batch_prefill_tokens, self.config.enable_chunked_prefill)
-        engine.scheduler.max_adapters = self.adapters.options.max_loras
+        """Our engine over the loaded backend (the backends without a step loop of their own), publishing KV events,
+        scheduling by priority and tracing as the options ask (vLLM does all three itself, from its engine
+        arguments)."""
+        assert self.deployment is not None and self.config is not None and self.backend is not None
+        config, deployment = self.config, self.deployment
+        kv_events.attach(self.backend, deployment.kv_events, config.properties)
+        engine = Engine(self.backend, config.max_rolling_batch_prefill_tokens, config.enable_chunked_prefill,
+                        by_priority=deployment.by_priority)
+        engine.scheduler.max_adapters = self.adapters.options.max_loras if self.adapters.options.enabled else None
+        if self.traced:
+            engine.tracer = tracing.Tracer.from_config(os.path.basename(config.model_id.rstrip("/")), config.properties)
         return engine
 
     def handle(self, inputs: Any) -> Any:
@@ -117,8 +134,13 @@ class Handler:
         """The request's job; any failure to parse or tokenize it is its own error (``Job.rejected``)."""
         assert self.deployment is not None and self.backend is not None
         try:
-            return prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
-                               adapters=self.adapters, reasoning=self.reasoning)
+            job = prepare_job(item, self.deployment, self.backend, server_seed=item.get_property("seed"),
+                              adapters=self.adapters, reasoning=self.reasoning)
+            if self.traced:
+                headers = tracing.trace_headers(item)
+                for seq in job.seqs:
+                    seq.trace_headers = headers
+            return job
         except Exception as exc:  # noqa: BLE001 - one request's failure is its own answer, never its batch's
             return _rejected("preparing a request", exc)
 

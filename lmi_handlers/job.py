@@ -99,8 +99,8 @@ class Job:
 def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed: Any = None,
                 adapters: Adapters | None = None, reasoning: Reasoning | None = None) -> Job:
     """Parse, validate and tokenize one request item with the deployment's settings; raises ``InvalidRequest`` for
-    bad input (``AdapterNotFound`` for an adapter ``adapters`` does not hold). ``reasoning``: the model's reasoning
-    convention, read apart in chat answers."""
+    bad input (``AdapterNotFound`` for an adapter ``adapters`` does not hold; a ``priority`` other than 0 unless the
+    deployment schedules by priority). ``reasoning``: the model's reasoning convention, read apart in chat answers."""
     config = deployment.config
     data = decode_body(item.get_as_bytes(), item.get_property("Content-Type"), config.limits)
     data, named = requested_adapters(item, data)
@@ -120,6 +120,7 @@ def prepare_job(item: Any, deployment: Deployment, backend: Backend, server_seed
     for request, adapter in zip(payload.requests, chosen):
         request = _structured(request, deployment.tools, backend)
         _check_supported(request, backend)
+        _check_priority(request, deployment.by_priority)
         prompt_text, prompt_ids = _tokenize(request, backend)
         if reasoning is not None and request.schema is Schema.CHAT:
             request = _reasoning(request, reasoning.for_prompt(prompt_text), backend)
@@ -199,6 +200,16 @@ def _check_supported(request: GenerationRequest, backend: Backend) -> None:
     if outside:
         raise InvalidRequest(f"{prefix}logit_bias: token id {outside[0]} is not in this model's vocabulary (ids 0 "
                              f"to {vocab - 1})", field=f"{prefix}logit_bias", value=outside[0])
+
+
+def _check_priority(request: GenerationRequest, by_priority: bool) -> None:
+    """A priority is honoured only where the server schedules by it, as vLLM's API documents; elsewhere it would be
+    silently ignored."""
+    if request.priority and not by_priority:
+        field = "priority" if request.schema is Schema.CHAT else "parameters.priority"
+        raise invalid_field(field, request.priority, "this model serves requests in arrival order "
+                            "(option.scheduling_policy=fcfs); send 0 or none, or serve it with "
+                            "option.scheduling_policy=priority")
 
 
 def _tokenize(request: GenerationRequest, backend: Backend) -> tuple[str, list[int]]:

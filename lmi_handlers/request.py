@@ -31,11 +31,12 @@ __all__ = ["GenerationRequest", "Payload", "RequestLimits", "SamplingParams", "S
 LMI_PARAMETERS = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                   "stop", "stop_sequences", "seed", "details", "return_full_text", "ignore_eos", "n",
                   "ignore_eos_token", "min_p", "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs",
-                  *structured.GUIDED_FIELDS)
+                  "priority", *structured.GUIDED_FIELDS)
 CHAT_FIELDS = ("messages", "model", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k",
                "stop", "seed", "stream", "stream_options", "n", "logprobs", "top_logprobs",
                "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "user", "min_p",
-               "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls", *structured.GUIDED_FIELDS)
+               "logit_bias", "response_format", "tools", "tool_choice", "parallel_tool_calls", "priority",
+               *structured.GUIDED_FIELDS)
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty", "seed", "min_p",
                    "presence_penalty", "frequency_penalty", "logit_bias", "top_logprobs")
@@ -166,7 +167,8 @@ def _parse_lmi(data: Mapping[str, Any], default_max_new_tokens: int, limits: Req
                                         "ignore_eos": params.get(eos_key)}, names)
     many, prompts = _prompts("inputs", data["inputs"], limits)
     response = {"stream": data.get("stream"), "details": params.get("details"),
-                "return_full_text": params.get("return_full_text"), "n": params.get("n")}
+                "return_full_text": params.get("return_full_text"), "n": params.get("n"),
+                "priority": params.get("priority")}
     constraint = structured.from_guided(params, "parameters.")
     return Payload(tuple(_check_choices(checked(GenerationRequest, response, names, schema=Schema.LMI, prompt=prompt,
                                                 sampling=sampling, stopping=stopping, constraint=constraint), names)
@@ -263,7 +265,8 @@ def _parse_chat(data: Mapping[str, Any], default_max_new_tokens: int, limits: Re
                                         else max_new_tokens, "stop": data.get("stop"),
                                         "ignore_eos": data.get("ignore_eos")}, names)
     response = {"stream": data.get("stream"), "details": data.get("logprobs"),
-                "include_usage": stream_options.get("include_usage"), "n": data.get("n")}
+                "include_usage": stream_options.get("include_usage"), "n": data.get("n"),
+                "priority": data.get("priority")}
     tools = tool_calling.parse_tools(data)
     constraint = structured.one_of(structured.from_response_format(data.get("response_format")),
                                    structured.from_guided(data), tools.constraint() if tools else None)

@@ -17,7 +17,8 @@ tokenize, compile, decode or encode ends alone, with its own status.
 Two extensions of our local server's: it marks a request whose client disconnected with the property
 ``lmi_cancel=true`` so that its slot is freed at once (DJLServing never sends it), and it reads the engine's
 counters (KV blocks, prefix cache, preemptions) from the step answer's ``lmi_engine_stats`` property (JSON) for
-its ``/metrics``. Java drops properties without the ``batch_`` prefix, so DJLServing ignores it.
+its ``/metrics``. Java drops properties without the ``batch_`` prefix, so DJLServing ignores it; there the same
+numbers go out as DJL's ``[METRICS]`` lines (``gauges.DjlMetrics``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import Any, Callable
 from . import djl
 from .errors import BackendError, Cancelled, capped, log_failure
 from .events import Event
+from .gauges import DjlMetrics
 from .job import Job
 
 logger = logging.getLogger(__name__)
@@ -101,10 +103,11 @@ class RollingBatch:
     prompt is tokenized and a grammar compiled while the other requests keep stepping."""
 
     def __init__(self, engine: Any, prepare: Callable[[Any], Job], compile_job: Callable[[Job], Job] = lambda job: job,
-                 workers: int = 2):
+                 workers: int = 2, djl_metrics: DjlMetrics | None = None):
         self.engine = engine
         self.prepare = prepare
         self.compile_job = compile_job
+        self.djl_metrics = djl_metrics
         self.active: list[_Entry] = []
         self.pool = preparation_pool(workers)
 
@@ -133,7 +136,10 @@ class RollingBatch:
         for i, entry in enumerate(self.active):
             output.add(djl.binary_encode(self._item(entry, events)), key="data", batch_index=i)
             output.add_property(f"batch_{i}_Content-Type", entry.content_type)
-        output.add_property(STATS_PROPERTY, json.dumps(self.engine.stats(), separators=(",", ":")))
+        stats = self.engine.stats()
+        output.add_property(STATS_PROPERTY, json.dumps(stats, separators=(",", ":")))
+        if self.djl_metrics is not None:
+            self.djl_metrics.publish(stats)
         self.active = [entry for entry in self.active if not entry.done]
         return output
 

@@ -30,6 +30,8 @@ MAX_TOP_LOGPROBS = 20
 #: The most choices one request may ask for (``n``): OpenAI's own limit (vLLM's default allows 16,384).
 MAX_CHOICES = 128
 MAX_TEMPERATURE = 2.0
+#: A request's scheduling priority is a 32-bit integer, as vLLM stores it.
+PRIORITY_RANGE = (-(2**31), 2**31 - 1)
 
 
 @dataclass(frozen=True)
@@ -224,6 +226,9 @@ class GenerationRequest:
     budget_field: str = "parameters.max_new_tokens"
     #: A reasoning model's convention (``option.reasoning_parser``): chat answers carry the reasoning apart.
     reasoning: Reasoning | None = None
+    #: Scheduling priority, vLLM's field: lower values are admitted first (then by arrival); 0 by default. Any other
+    #: value needs ``option.scheduling_policy=priority`` (``scheduler.py``).
+    priority: int = ruled(0, Rule(int, low=PRIORITY_RANGE[0], high=PRIORITY_RANGE[1]))
 
 
 @dataclass(frozen=True)

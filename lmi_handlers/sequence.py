@@ -45,6 +45,10 @@ class SequenceState:
         self.adapter: Any = None
         #: Another choice of the same request (``n`` > 1) whose prompt's KV blocks this one shares, if it can.
         self.fork_of: SequenceState | None = None
+        #: The client's W3C trace context headers (``traceparent``...) where tracing is on, and this sequence's span
+        #: times while the engine traces it (``tracing.py``).
+        self.trace_headers: dict[str, str] | None = None
+        self.trace: Any = None
         self._eos_ids = frozenset(eos_ids)
         self._special_ids = frozenset(special_ids) | self._eos_ids
         self._decode = decode

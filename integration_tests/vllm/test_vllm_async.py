@@ -2,7 +2,8 @@
 ``AsyncLLM`` (``backends/vllm/async_engine.py``), through ``lmi serve`` on the tiny random model. Sixteen requests in
 flight at once answer as vLLM's own ``LLM.generate`` does; sampling fields, structured output, a forced tool call
 and a LoRA adapter work as in the rolling-batch path (``test_vllm_tiny.py``, ``test_vllm_features.py``); a client
-that goes away is aborted in vLLM. One server serves the module (a vLLM start takes a minute and more)."""
+that goes away is aborted in vLLM; vLLM's own statistics reach ``/metrics`` under its names, and a request's priority
+reaches its scheduler (issue 47). One server serves the module (a vLLM start takes a minute and more)."""
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -33,7 +34,8 @@ def server(serve_module, vllm_tiny_model_dir, vllm_properties, adapter):
     model = serve_module.model_dir("tiny", {**vllm_properties, "option.model_id": str(vllm_tiny_model_dir),
                                             "option.backend": "vllm", "option.async_mode": "true",
                                             "option.rolling_batch": "disable", "option.max_rolling_batch_size": 16,
-                                            "option.enable_lora": "true", "option.max_lora_rank": 8})
+                                            "option.enable_lora": "true", "option.max_lora_rank": 8,
+                                            "option.scheduling_policy": "priority"})
     (model / "adapters").mkdir()
     (model / "adapters" / "a1").symlink_to(adapter)
     return serve_module([model], ready=False).wait_ready(timeout=900)
@@ -119,3 +121,41 @@ def test_a_client_that_goes_away_is_aborted_in_vllm(server):
         assert time.monotonic() < deadline, "the request still runs after its client went away"
         time.sleep(0.2)
     assert ids(post(server, greedy(PROMPTS[2]))) and post(server, greedy(PROMPTS[3])).status_code == 200
+
+
+def test_vllms_own_statistics_reach_metrics_and_a_priority_reaches_its_scheduler(server, reference):
+    """AsyncLLM's stat logger feeds the gauges, which lmi serve reads from the handler while requests run and once
+    after the last (there is no step answer to carry them in async mode)."""
+    import time
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from lmi_tools.serving.async_channel import STATS_EVERY
+
+    def samples_now():
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name.startswith("vllm:")}
+
+    def queries(samples):
+        return samples["vllm:prefix_cache_queries_total"].value if "vllm:prefix_cache_queries_total" in samples else 0
+
+    plain, _ = reference
+    time.sleep(STATS_EVERY + 0.5)  # lmi serve's read after the last request of the tests before
+    before = queries(samples_now())
+    body = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": MAX_TOKENS, "details": True, "priority": -3}}
+    answer = post(server, body)
+    assert ids(answer) == plain[0]["token_ids"]
+    prompt_tokens = answer.json()["details"]["prompt_tokens"]
+    deadline = time.monotonic() + 10
+    while True:  # lmi serve reads the numbers once a second, and once after the last request
+        samples = samples_now()
+        if (queries(samples) - before == prompt_tokens and not samples["vllm:num_requests_running"].value) or \
+                time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    assert samples["vllm:num_requests_running"].labels == {"model_name": "tiny", "engine": "0"}
+    assert samples["vllm:num_requests_running"].value == 0 and samples["vllm:num_requests_waiting"].value == 0
+    assert samples["vllm:kv_cache_usage_perc"].value == 0  # idle: vLLM holds no block for a request
+    assert queries(samples) - before == prompt_tokens  # vLLM looked the prompt up in its prefix cache
+    assert samples["vllm:lora_requests_info"].labels["max_lora"].isdigit()  # LoRA is on: vLLM's own series

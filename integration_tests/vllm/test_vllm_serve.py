@@ -135,3 +135,24 @@ def test_every_route_answers(server, reference):
     assert chat.choices[0].message.content == "The capital of France is Paris."
     completion = oai.completions.create(model="smollm2", prompt=PROMPTS[0], temperature=0, max_tokens=MAX_TOKENS)
     assert completion.choices[0].text == expected
+
+
+def test_vllms_own_statistics_reach_metrics_and_a_priority_reaches_its_scheduler(server, reference):
+    """vLLM's scheduler gauges and prefix cache counters, from vLLM's own stat logger (issue 47)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    def samples_now():
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        return {sample.name: sample for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name.startswith("vllm:")}
+
+    before = samples_now().get("vllm:prefix_cache_queries_total")
+    answer = generate(server, PROMPTS[0], priority=-3)
+    assert answer["generated_text"] == reference[PROMPTS[0]]["text"]
+    samples = samples_now()
+    assert samples["vllm:num_requests_running"].labels == {"model_name": "smollm2", "engine": "0"}
+    assert samples["vllm:num_requests_running"].value == 0 and samples["vllm:num_requests_waiting"].value == 0
+    assert samples["vllm:kv_cache_usage_perc"].value == 0  # idle: vLLM holds no block for a request
+    queried = samples["vllm:prefix_cache_queries_total"].value - (before.value if before else 0)
+    assert queried == answer["details"]["prompt_tokens"]  # vLLM looked the prompt up in its prefix cache
+    assert "vllm:lora_requests_info" not in samples  # no LoRA: vLLM has no such series either

@@ -49,11 +49,15 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
           endpoint: str = typer.Option(None, help="Play a SageMaker endpoint of inference components with this "
                                                   "name: SageMaker Runtime calls must name a model as "
                                                   "InferenceComponentName"),
+          drain_timeout: float = typer.Option(25.0, help="Seconds the requests already accepted get to finish after "
+                                                         "SIGTERM or Ctrl-C, while /ping and new requests answer "
+                                                         "503 (under SageMaker's 30 s); a second signal stops at "
+                                                         "once"),
           log_level: str = typer.Option("info", help="debug, info, warning, error"),
           container: str = typer.Option("lmi", "--container", help="lmi (DJLServing's API) or vllm (vLLM's own "
                                                                    "OpenAI server as AWS's vLLM container runs it: one "
                                                                    "model; --host and --port apply)")) -> None:
-    """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C stops)."""
+    """Serve MODEL directories with the same HTTP API as DJLServing (Ctrl-C drains, twice stops)."""
     import re
 
     from ..containers import check_container
@@ -73,7 +77,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
         raise UsageError(f"--log-level {log_level!r} is not one of {', '.join(LOG_LEVELS)}")
     log_level = log_level.lower()
     for name, value in (("--job-queue-size", job_queue_size), ("--read-timeout", read_timeout),
-                        ("--max-header-bytes", max_header_bytes)):
+                        ("--max-header-bytes", max_header_bytes), ("--drain-timeout", drain_timeout)):
         if value is not None and value <= 0:
             raise UsageError(f"{name} {value:g} is invalid: expected a number > 0")
     if model_url_pattern is not None:
@@ -87,6 +91,7 @@ def serve(models: list[str] = typer.Argument(..., help="Model directories ([NAME
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     config.engine, config.sagemaker_part_size, config.sagemaker_endpoint = engine, sagemaker_part_size, endpoint
+    config.drain_timeout = drain_timeout
     config.read_timeout, config.max_header_bytes, config.model_url_pattern = (read_timeout, max_header_bytes,
                                                                               model_url_pattern)
     if job_queue_size is not None:

@@ -4,7 +4,7 @@
 and DJL's error shape ``{"code", "type", "message"}``; the routes hand requests to each model's dispatcher.
 ``HeadTimeout`` gives each request's headers a deadline to arrive. The management API gets an app (and a listener)
 of its own: ``INFERENCE`` and ``MANAGEMENT`` name the routers of each; ``serve`` runs one uvicorn server per
-listener in one event loop.
+listener in one event loop, and stops them all with a drain on SIGTERM or SIGINT (``drain.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from fastapi_offline import FastAPIOffline
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ..errors import UsageError
+from .drain import DrainGate, on_signals
 from .metrics import Metrics
 from .routes import (anthropic, inference, management, metrics, openai, page, pooling, responses, sagemaker_runtime,
                      tgi)
@@ -52,6 +53,11 @@ async def _on_http_error(request: Request, exc: HttpError) -> JSONResponse:
     if path == "/info" or (path in tgi.PATHS and request.method == "POST"):
         return tgi.error(exc.code, exc.message)
     return djl_error(exc.code, exc.kind, exc.message)
+
+
+async def _refusal(scope: dict, code: int, message: str) -> JSONResponse:
+    """A request refused before any route ran (the drain's), in its API's error shape."""
+    return await _on_http_error(Request(scope), HttpError(code, "ServiceUnavailableException", message))
 
 
 async def _log_request(request: Request, call_next):
@@ -150,13 +156,14 @@ def create_app(store: ModelStore, routers: Sequence[APIRouter] = INFERENCE + MAN
     app.add_exception_handler(HttpError, _on_http_error)
     app.middleware("http")(_log_request)
     app.add_middleware(HeaderLimit, limit=store.server.max_header_bytes)
+    app.add_middleware(DrainGate, drain=store.drain, error=_refusal)
     for router in routers:
         app.include_router(router)
     return app
 
 
 class _Listener(uvicorn.Server):
-    """A second server in the same loop: the first one handles Ctrl-C and stops this one."""
+    """One listener's uvicorn server; ``serve`` handles the signals (a drain) instead of uvicorn."""
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -181,20 +188,33 @@ def listen(host: str, port: int) -> socket.socket:
 
 
 def serve(listeners: Sequence[tuple[FastAPI, socket.socket]], log_level: str) -> None:
-    """Run one uvicorn server per (app, bound socket) until the first stops (Ctrl-C); then stop the others."""
+    """Run one uvicorn server per (app, bound socket) until a signal: the first drains, then stops them all
+    (``drain.py``); a second stops them at once."""
     configs = [uvicorn.Config(app, log_level=log_level, access_log=False,
                               h11_max_incomplete_event_size=MAX_BUFFERED_HEAD,
                               http=functools.partial(HeadTimeout, head_timeout=app.state.store.server.read_timeout))
                for app, _ in listeners]
-    servers = [uvicorn.Server(configs[0])] + [_Listener(config) for config in configs[1:]]
+    servers = [_Listener(config) for config in configs]
     sockets = [sock for _, sock in listeners]
+    store: ModelStore = listeners[0][0].state.store
+
+    def stop(now: bool = False) -> None:
+        for server in servers:
+            server.should_exit = True
+            server.force_exit = server.force_exit or now
+
+    def drain() -> None:
+        store.drain.draining = True
+        asyncio.get_running_loop().create_task(store.drain.run(
+            lambda reason: asyncio.to_thread(store.close, reason), stop))
+
+    def halt() -> None:
+        store.drain.forced = True
+        store.halt()
+        stop(now=True)
 
     async def main() -> None:
-        async def first() -> None:
-            await servers[0].serve(sockets=[sockets[0]])
-            for other in servers[1:]:
-                other.should_exit = True
-        await asyncio.gather(first(), *(server.serve(sockets=[sock]) for server, sock in zip(servers[1:],
-                                                                                               sockets[1:])))
+        on_signals(asyncio.get_running_loop(), drain, halt)
+        await asyncio.gather(*(server.serve(sockets=[sock]) for server, sock in zip(servers, sockets)))
 
     asyncio.run(main())

@@ -8,28 +8,33 @@ error]}`` as its first item: ``data`` is appended to the client's response, ``la
 ``Async Inference Failure <message>`` (Java writes it as its ``Output`` object's JSON). An answer for an unknown id (a request already ended) is
 logged and dropped. There is no per-request timeout, as in Java.
 
-Two things Java does not have: a request whose client went away gets a second message ``lmi_cancel=<its id>`` (the
-handler ends it in its engine; the worker's answer to that message is dropped), and adapter calls wait here for
-their answer (Java's management API answers before the worker does).
+Three things Java does not have: a request whose client went away gets a second message ``lmi_cancel=<its id>`` (the
+handler ends it in its engine; the worker's answer to that message is dropped); adapter calls wait here for their
+answer (Java's management API answers before the worker does); and while requests run, and once after the last, a
+call ``lmi_engine_stats`` every ``STATS_EVERY`` seconds reads the engine's counters for ``/metrics``
+(``engine_stats``, as a rolling batch's steps bring them).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from lmi_handlers.protocol import Input
-from lmi_handlers.rolling import CANCEL_PROPERTY
+from lmi_handlers.rolling import CANCEL_PROPERTY, STATS_PROPERTY
 
 from .worker.client import Worker, WorkerDied
 from .worker.codec import OutputHeader, binary_decode
-from .worker.frontend import StepItem
+from .worker.frontend import StepItem, engine_stats
 
 logger = logging.getLogger("lmi.model")
 TRACKING_ID = "request_tracking_id"
+#: Seconds between two reads of the engine's counters while requests run.
+STATS_EVERY = 1.0
 
 
 @dataclass(eq=False)
@@ -57,6 +62,20 @@ class Call:
         self.answer(StepItem(None, "", True, {}, code, message))
 
 
+class StatsCall(Call):
+    """A read of the engine's counters: the answer goes to ``keep`` (None where it holds none)."""
+
+    def __init__(self, keep: Callable[[dict[str, float | str] | None], None]):
+        super().__init__()
+        self.keep = keep
+
+    def answer(self, item: StepItem) -> None:
+        self.keep(None if item.code else engine_stats(item.data))
+
+    def fail(self, code: int, message: str) -> None:
+        pass  # the worker died or stopped before it answered: nothing was read
+
+
 class AsyncChannel:
     """One worker's requests in flight. ``deliver(key, item)`` is called on the reader thread with each answer of a
     request (``call`` waits for its own)."""
@@ -68,6 +87,12 @@ class AsyncChannel:
         self._lock = threading.Lock()  # the dispatcher thread sends, the reader thread receives
         #: Set by the reader when the worker died; the dispatcher restarts it.
         self.dead = threading.Event()
+        #: The engine's latest counters and when (``time.time()``) they came; a handler that answers none (not ours)
+        #: is not asked again.
+        self.engine_stats: dict[str, float | str] = {}
+        self.engine_stats_at = 0.0
+        self._stats_read = (0.0, False)  # when the counters were last asked for, and whether requests ran then
+        self._stats_answered = True
 
     def start(self) -> None:
         """After the worker's init call: read its answers from now on."""
@@ -99,6 +124,26 @@ class AsyncChannel:
                     tracked.cancel_sent = True
                     cancel = Input({CANCEL_PROPERTY: tracking_id, TRACKING_ID: str(uuid.uuid4()), "handler": "handle"})
                     self.worker.send(cancel)
+
+    def requests(self) -> int:
+        """How many requests are in flight (handler calls, such as a read of the counters, are not requests)."""
+        with self._lock:
+            return sum(not isinstance(tracked.key, Call) for tracked in self.active.values())
+
+    def read_stats(self) -> None:
+        """Ask for the engine's counters, every ``STATS_EVERY`` seconds while requests are in flight and once after
+        the last; raises ``WorkerDied``."""
+        busy = self.requests() > 0
+        last, was_busy = self._stats_read
+        if self._stats_answered and (busy or was_busy) and time.monotonic() - last >= STATS_EVERY:
+            self._stats_read = (time.monotonic(), busy)
+            self.send(Input({STATS_PROPERTY: "true"}), StatsCall(self._keep_stats))
+
+    def _keep_stats(self, stats: dict[str, float | str] | None) -> None:
+        if stats is None:
+            self._stats_answered = False
+        else:
+            self.engine_stats, self.engine_stats_at = stats, time.time()
 
     def fail_all(self) -> list[Any]:
         """Forget every request in flight (the worker died or stopped); their keys."""

@@ -76,6 +76,8 @@ class PendingRequest:
         self.loop = loop
         self.events: asyncio.Queue[Start | Chunk | End] = asyncio.Queue()
         self.started = False
+        #: The answer's framing once it started: a mid-answer error is framed to match (an SSE event, else a line).
+        self.sse = False
         self.cancelled = False  # the client went away
         self.enqueued_at = time.monotonic()
         #: Called (on the dispatcher thread) with each event as it is emitted: the metrics' timer.
@@ -84,6 +86,7 @@ class PendingRequest:
     def emit(self, event: Start | Chunk | End) -> None:
         if isinstance(event, Start):
             self.started = True
+            self.sse = any(k.lower() == "content-type" and "text/event-stream" in v for k, v in event.headers.items())
         if self.on_event is not None:
             self.on_event(event)
         self.loop.call_soon_threadsafe(self.events.put_nowait, event)
@@ -100,7 +103,8 @@ class PendingRequest:
             body = {"code": code, "type": kind, "message": message}
             self.answer(code, dict(JSON), json.dumps(body).encode())
         else:
-            self.emit(Chunk(json.dumps({"code": code, "error": message}).encode() + b"\n"))
+            line = json.dumps({"code": code, "error": message})
+            self.emit(Chunk((f"data: {line}\n\n" if self.sse else line + "\n").encode()))
             self.emit(End(message))
 
 
@@ -146,6 +150,8 @@ class ServedModel:
         self.worker = worker or Worker(name, settings.worker)
         self.jobs: queue.Queue[PendingRequest] = queue.Queue(maxsize=settings.job_queue_size)
         self.restarts = 0
+        #: Requests of the dynamic batch the worker is running now (a rolling batch counts its own).
+        self.in_flight = 0
         self.rolling_batch = RollingBatchLoop(settings.max_rolling_batch_size)
         #: DJL's async mode: the requests in flight on the worker.
         # (With rolling batch on too, Java's rolling batch steps the async engine: no channel then.)
@@ -170,13 +176,19 @@ class ServedModel:
 
     def stop(self, reason: str | None = None) -> None:
         """Stop the worker; the requests queued or running end at once with a 503 that says ``reason``."""
-        self._stop_reason = reason or f"model {self.name} was unloaded"
+        self._stop_reason = reason or self._stop_reason or f"model {self.name} was unloaded"
         self._stop.set()
         self._thread.join(timeout=10)
         self.worker.stop()
         self._fail_active(self._stop_reason)
         while not self.jobs.empty():
             self.jobs.get_nowait().fail(503, self._stop_reason)
+
+    def halt(self, reason: str) -> None:
+        """Kill the worker now (``stop`` ends the requests); no restart follows."""
+        self._stop_reason = reason
+        self._stop.set()
+        self.worker.kill()
 
     def submit(self, pending: PendingRequest) -> None:
         try:
@@ -201,7 +213,7 @@ class ServedModel:
                 "batchSize": self.settings.batch_size, "maxBatchDelayMillis": self.settings.max_batch_delay_ms,
                 "queueSize": self.settings.job_queue_size, "queueLength": self.jobs.qsize(),
                 "rollingBatch": self.settings.rolling, "maxRollingBatchSize": self.settings.max_rolling_batch_size,
-                "activeRequests": len(self.channel.active if self.channel else self.rolling_batch.active),
+                "activeRequests": self.channel.requests() if self.channel else len(self.rolling_batch.active),
                 "workerGroups": [{"workers": [worker]}]}
         if self.failure:
             info["error"] = self.failure
@@ -333,6 +345,7 @@ class ServedModel:
                 batch.append(job)
             elif time.monotonic() >= deadline:
                 break
+        self.in_flight = len(batch)
         try:
             header = self.worker.predict(batch_input([job.input for job in batch]))
             self._deliver(batch, header)
@@ -340,6 +353,8 @@ class ServedModel:
             for job in batch:
                 job.fail(503, self._died(exc))
             self._recover(str(exc))
+        finally:
+            self.in_flight = 0
 
     def _deliver(self, batch: list[PendingRequest], header: OutputHeader) -> None:
         headers = {k: str(v) for k, v in header.properties.items()}
@@ -431,6 +446,7 @@ class ServedModel:
             if job is not None:
                 channel.send(job.input, job)
             channel.cancel_gone(lambda key: key.cancelled)
+            channel.read_stats()
         except WorkerDied:
             channel.dead.set()  # the reader sees it too; the next turn restarts the worker
 

@@ -4,19 +4,28 @@ Counted as requests pass: requests by model, route and status; time to first tok
 chunks (one per generation step in rolling batch) and end-to-end latency, from the moment a request was
 queued; prompt and generated tokens where an answer states them (the TGI and OpenAI routes, chat answers
 with ``usage``). Read from the models when scraped: queue depth, running sequences, readiness and worker
-restarts, and the engine's counters as of its latest rolling-batch step (KV blocks, prefix cache hits and
-queries in tokens as vLLM counts them, preemptions), where the handler reports them.
+restarts, and the engine's counters as of its latest rolling-batch step, or in DJL's async mode its latest read
+(``async_channel.py``) (KV blocks, prefix cache hits and queries in tokens as vLLM counts them, preemptions), where
+the handler reports them.
+
+Beside ours, the series gateways and autoscalers read, under vLLM's names, labels and meanings
+(``lmi_handlers/gauges.py``): ``vllm:num_requests_running``, ``vllm:num_requests_waiting`` (the engine's queue plus
+the model's job queue), ``vllm:kv_cache_usage_perc``, the prefix cache counters, ``vllm:lora_requests_info`` where
+LoRA adapters are on, and ``vllm:cache_config_info`` where the engine has a block pool. Labels stay bounded: the
+server's own model names, ``engine="0"``, and the adapters of one batch at a time.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Iterator
+from typing import Any, Iterator
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from .dispatcher import Chunk, End, PendingRequest, Start, Status
+from lmi_handlers.gauges import COUNTERS, GAUGES, LORA_INFO, LORA_KEYS
+
+from .dispatcher import Chunk, End, PendingRequest, ServedModel, Start, Status
 from .store import ModelStore
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -105,9 +114,10 @@ class _ModelState:
             restarts.add_metric([name], model.restarts)
         yield from (queued, running, ready, restarts)
         yield from self._engine_counters()
+        yield from _gateway(list(self.store.models.items()))
 
     def _engine_counters(self) -> Iterator[Metric]:
-        models = [(name, model.rolling_batch.engine_stats) for name, model in list(self.store.models.items())]
+        models = [(name, _engine(model).engine_stats) for name, model in list(self.store.models.items())]
         for key, (metric, counter, text) in ENGINE_METRICS.items():
             kind = CounterMetricFamily if counter else GaugeMetricFamily
             family = kind(metric, text, labels=["model"])
@@ -116,3 +126,43 @@ class _ModelState:
                     family.add_metric([name], stats[key])
             if family.samples:
                 yield family
+
+
+def _gateway(models: list[tuple[str, ServedModel]]) -> Iterator[Metric]:
+    """vLLM's series (``lmi_handlers/gauges.py``), labelled as vLLM labels them, plus the model's name."""
+    labels = ["model_name", "engine"]
+    gauges = {name: GaugeMetricFamily(name, text, labels=labels) for name, (_, text) in GAUGES.items()}
+    counters = {name: CounterMetricFamily(name, text, labels=labels) for name, (_, text) in COUNTERS.items()}
+    lora = GaugeMetricFamily(LORA_INFO, "When the adapters running and waiting were last reported (seconds since "
+                             "the epoch)", labels=["model_name", *LORA_KEYS])
+    cache = GaugeMetricFamily("vllm:cache_config_info", "The KV cache's configuration, in its labels",
+                              labels=[*labels, "block_size", "num_gpu_blocks"])
+    for name, model in models:
+        engine = _engine(model)
+        stats = dict(engine.engine_stats)
+        stats.setdefault("running", _in_flight(model))
+        stats["waiting"] = stats.get("waiting", 0) + model.jobs.qsize()
+        for family, (key, _) in zip(gauges.values(), GAUGES.values()):
+            if key in stats:
+                family.add_metric([name, "0"], stats[key])
+        for family, (key, _) in zip(counters.values(), COUNTERS.values()):
+            if key in stats:
+                family.add_metric([name, "0"], stats[key])
+        if "max_lora" in stats:
+            lora.add_metric([name, *(str(stats.get(key, "")) for key in LORA_KEYS)], engine.engine_stats_at)
+        if "kv_block_size" in stats:
+            cache.add_metric([name, "0", str(stats["kv_block_size"]), str(stats["kv_blocks_total"])], 1)
+    yield from (family for family in (*gauges.values(), *counters.values(), lora, cache) if family.samples)
+
+
+def _in_flight(model: ServedModel) -> int:
+    """The requests a model runs, where its handler states no counters."""
+    if model.channel is not None:
+        return model.channel.requests()
+    return len(model.rolling_batch.active) if model.settings.rolling else model.in_flight
+
+
+def _engine(model: ServedModel) -> Any:
+    """Where a model's engine counters come in (``engine_stats``, ``engine_stats_at``): its rolling batch's steps, or
+    in DJL's async mode its channel's reads."""
+    return model.channel or model.rolling_batch

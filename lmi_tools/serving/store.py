@@ -30,6 +30,7 @@ from ..modeldir.image import model_architectures, served_image, target_image
 from ..modeldir.properties import (init_properties, parse_directives, parse_properties, read_text,
                                    with_environment)
 from .dispatcher import ModelSettings, ServedModel, Status
+from .drain import DEFAULT_TIMEOUT, Drain
 from .worker.client import WorkerSettings
 from .worker.frontend import entry_points
 
@@ -93,6 +94,8 @@ class ServerConfig:
     sagemaker_part_size: int = 0
     #: The SageMaker endpoint the Runtime paths play, its models being inference components (None: any name).
     sagemaker_endpoint: str | None = None
+    #: Seconds the accepted requests get to finish after SIGTERM (``drain.py``); ``lmi serve --drain-timeout``.
+    drain_timeout: float = DEFAULT_TIMEOUT
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> "ServerConfig":
@@ -208,6 +211,8 @@ class ModelStore:
         self.one_at_a_time = False
         self._lock = threading.Lock()
         self._switching = threading.Lock()
+        #: Requests in flight, and whether new ones are refused (a drain after SIGTERM).
+        self.drain = Drain(server.drain_timeout)
 
     def offer(self, name: str, url: str, load: bool = True) -> None:
         """Add an operator's model to the catalog, and load it unless ``load`` is False."""
@@ -290,9 +295,15 @@ class ModelStore:
     def get(self, name: str) -> ServedModel | None:
         return self.models.get(name)
 
-    def close(self) -> None:
+    def close(self, reason: str | None = None) -> None:
+        """Unload every model; their queued and running requests end with a 503 that says ``reason``."""
         for name in list(self.models):
-            self.unregister(name)
+            self.unregister(name, reason)
+
+    def halt(self) -> None:
+        """Kill every model's worker now, without waiting for a step to end (a second signal); ``close`` follows."""
+        for model in list(self.models.values()):
+            model.halt("the server was stopped at once (a second SIGTERM or SIGINT)")
 
 
 def model_name_for(path: str) -> str:

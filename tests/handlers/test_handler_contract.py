@@ -211,13 +211,15 @@ def test_rolling_steps_carry_the_engine_counters_outside_the_batch_headers(tmp_p
     loop.submit("b", {"inputs": "b", "parameters": {"max_new_tokens": 3}})
     out = loop.step()
     # No batch_ prefix: DJLServing drops it; our server reads it for /metrics.
-    assert json.loads(out.properties["lmi_engine_stats"]) == {"running": 2, "waiting": 0, "preemptions": 0}
-    assert loop.loop.engine_stats == {"running": 2, "waiting": 0, "preemptions": 0}
+    # kv_cache_usage: the scripted backend's slots in use (2 of 4).
+    counters = {"running": 2, "waiting": 0, "preemptions": 0, "kv_cache_usage": 0.5}
+    assert json.loads(out.properties["lmi_engine_stats"]) == counters
+    assert loop.loop.engine_stats == counters
     while loop.active:
         loop.step()
     assert loop.loop.engine_stats["running"] == 0
     assert loop.loop.apply(200, {"lmi_engine_stats": "{not json"}, []) == []  # a garbled property fails nothing
-    assert loop.loop.engine_stats == {"running": 0, "waiting": 0, "preemptions": 0}
+    assert loop.loop.engine_stats == {"running": 0, "waiting": 0, "preemptions": 0, "kv_cache_usage": 0}
 
 
 def test_rolling_batch_failure_fails_that_step_only_and_recovers(tmp_path):

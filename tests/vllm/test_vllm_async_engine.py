@@ -20,10 +20,11 @@ class Client:
 
     def __init__(self, tokens=(5, 6, 7, 8), fail_with=None, delay=0.0):
         self.tokens, self.fail_with, self.delay = tokens, fail_with, delay
-        self.aborted, self.requests = [], {}
+        self.aborted, self.requests, self.scheduling = [], {}, {}
 
-    async def generate(self, prompt, params, request_id, lora_request=None):
+    async def generate(self, prompt, params, request_id, lora_request=None, priority=0, trace_headers=None):
         self.requests[request_id] = params
+        self.scheduling[request_id] = (priority, trace_headers)
         try:
             for i, token in enumerate(self.tokens):
                 if self.fail_with is not None:
@@ -39,7 +40,8 @@ class Client:
 
 
 def engine_with(client):
-    backend = SimpleNamespace(tokenizer=SimpleNamespace(eos_ids=(2,)), vocab_size=100, seeds_stop_engine=False)
+    backend = SimpleNamespace(tokenizer=SimpleNamespace(eos_ids=(2,)), vocab_size=100, seeds_stop_engine=False,
+                              vllm_stats={})
     engine = AsyncVllmEngine(backend, client)
     engine.exits = 0
 
@@ -85,6 +87,14 @@ def test_each_sequence_is_one_generate_and_its_tokens_go_through_its_own_state()
     assert isinstance(got[2][-1], GenerationResult) and got[2][-1].text == "ef"  # our budget ends it first...
     assert client.aborted == ["2"]  # ...and vLLM is told
     assert client.requests["1"].max_tokens == 10 and client.requests["1"].detokenize is False
+
+
+def test_priority_and_the_trace_context_reach_vllm_as_on_the_step_loop():
+    client = Client()
+    urgent = sequence(1, priority=-5)
+    urgent.trace_headers = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    asyncio.run(run(engine_with(client), [urgent, sequence(2)]))
+    assert client.scheduling == {"1": (-5, urgent.trace_headers), "2": (0, None)}
 
 
 def test_a_stop_sequence_seen_first_aborts_the_request_in_vllm():

@@ -19,7 +19,7 @@ class Engine:
     def __init__(self, fail_with=None):
         self.added, self.aborted, self.fail_with = {}, [], fail_with
 
-    def add_request(self, request_id, prompt, params, lora_request=None):
+    def add_request(self, request_id, prompt, params, lora_request=None, priority=0, trace_headers=None):
         self.added[request_id] = params
 
     def abort_request(self, request_ids):
@@ -33,7 +33,7 @@ class Engine:
 
 def loop_over(engine, seeds_stop_engine=False):
     backend = SimpleNamespace(llm=engine, tokenizer=SimpleNamespace(eos_ids=(2,)), vocab_size=100,
-                              seeds_stop_engine=seeds_stop_engine)
+                              seeds_stop_engine=seeds_stop_engine, vllm_stats={})
     loop = VllmLoop(backend)
     loop.exits = 0
 

@@ -22,6 +22,9 @@ Pool size (the names LMI and vLLM users know): ``option.num_gpu_blocks_override`
 minus what the weights already hold, else on CPU the memory a contiguous cache would reserve for
 ``max_rolling_batch_size`` full-length sequences, at most ``CPU_DEFAULT_BYTES``. ``option.block_size``
 tokens per block (16, as in vLLM).
+
+With ``option.kv_events_config`` the prefix cache's changes go out as vLLM's KV events (``events``,
+``lmi_handlers/kv_events.py``): each sequence then also carries its chain of vLLM block hashes.
 """
 
 from __future__ import annotations
@@ -106,9 +109,12 @@ class BlockManager:
         self.refs = [0] * plan.num_blocks
         self.prefix = PrefixCache() if plan.prefix_caching else None
         self.tables: dict[int, list[int]] = {}
-        self._keyed: dict[int, tuple[int, Any]] = {}  # uid -> (blocks registered, key of the last one)
+        # uid -> (blocks registered, key of the last one, its vLLM hash when events are on)
+        self._keyed: dict[int, tuple[int, Any, bytes | None]] = {}
         self.prompt_tokens = 0
         self.hit_tokens = 0
+        #: The KV events publisher (``kv_events.KVEvents``), when ``option.kv_events_config`` turns them on.
+        self.events: Any = None
 
     @property
     def available(self) -> int:
@@ -138,7 +144,8 @@ class BlockManager:
             self.refs[block] += 1
         self.tables[seq.uid] = hits + [self._allocate() for _ in range(needed)]
         if self.prefix is not None:
-            self._keyed[seq.uid] = (len(hits), self.prefix.key_of[hits[-1]] if hits else root)
+            digest = self.events.hash_of.get(hits[-1]) if hits and self.events is not None else None
+            self._keyed[seq.uid] = (len(hits), self.prefix.key_of[hits[-1]] if hits else root, digest)
             self.prompt_tokens += len(tokens)
             self.hit_tokens += len(hits) * self.block_size
         return len(hits) * self.block_size
@@ -171,15 +178,20 @@ class BlockManager:
         """``seq.num_cached`` tokens are now in the cache: key the full blocks among them for reuse."""
         if self.prefix is None:
             return
-        done, key = self._keyed[seq.uid]
+        done, key, digest = self._keyed[seq.uid]
         full = seq.num_cached // self.block_size
         if full <= done:
             return
         tokens, table = seq.all_ids, self.tables[seq.uid]
         for index in range(done, full):
-            key = block_key(key, tokens[index * self.block_size:(index + 1) * self.block_size])
-            self.prefix.add(key, table[index])
-        self._keyed[seq.uid] = (full, key)
+            block_tokens = tokens[index * self.block_size:(index + 1) * self.block_size]
+            key = block_key(key, block_tokens)
+            added = self.prefix.add(key, table[index])
+            if self.events is not None:
+                parent, digest = digest, self.events.hash(digest, block_tokens, seq.adapter)
+                if added:
+                    self.events.stored(table[index], digest, parent, block_tokens, seq.adapter)
+        self._keyed[seq.uid] = (full, key, digest)
 
     def release(self, seq: SequenceState) -> None:
         self._keyed.pop(seq.uid, None)
@@ -193,10 +205,19 @@ class BlockManager:
 
     def reset(self) -> None:
         """Forget every table and every cached prefix (after a failed step the pool's content is suspect)."""
+        events = self.events
         self.__init__(PoolPlan(self.num_blocks, self.block_size, self.prefix is not None))
+        self.events = events
+        if events is not None:
+            events.cleared()
 
     def _allocate(self) -> int:
-        block = self.free.pop() if self.free else self.prefix.evict()
+        if self.free:
+            block = self.free.pop()
+        else:
+            block = self.prefix.evict()
+            if self.events is not None:
+                self.events.removed(block)
         self.refs[block] = 1
         return block
 

@@ -47,11 +47,14 @@ class PrefixCache:
             found.append(block)
         return found
 
-    def add(self, key: Hashable, block: int) -> None:
-        """Record that ``block`` holds the prefix ``key`` (the first block computed for a key wins)."""
-        if key not in self.block_of and block not in self.key_of:
-            self.block_of[key] = block
-            self.key_of[block] = key
+    def add(self, key: Hashable, block: int) -> bool:
+        """Record that ``block`` holds the prefix ``key`` (the first block computed for a key wins); whether it
+        does now."""
+        if key in self.block_of or block in self.key_of:
+            return False
+        self.block_of[key] = block
+        self.key_of[block] = key
+        return True
 
     def holds(self, block: int) -> bool:
         return block in self.key_of

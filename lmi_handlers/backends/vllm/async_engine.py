@@ -1,11 +1,12 @@
 """vLLM's async engine driven one sequence at a time, producing our events.
 
 Each sequence is one ``generate`` call on an engine client (vLLM's ``AsyncLLM``, or any object with its
-``generate(prompt, sampling_params, request_id, lora_request=...)``, such as the engine client of a running vLLM
-server), run as a task of the event loop; vLLM batches whatever is in flight. Every token still goes through the
-sequence's ``SequenceState`` (``sampling.append_output``), so stop sequences, events and bytes are the same as on the
-step loop of DJL's sync mode. Cancelling a sequence cancels its task, and leaving ``generate`` aborts the request in
-vLLM (so does a stop sequence our side sees first).
+``generate(prompt, sampling_params, request_id, lora_request=..., priority=..., trace_headers=...)``, such as the
+engine client of a running vLLM server), run as a task of the event loop; vLLM batches whatever is in flight. A
+request's priority and trace context go to vLLM as on the step loop (vLLM schedules and traces by its own engine
+arguments). Every token still goes through the sequence's ``SequenceState`` (``sampling.append_output``), so stop
+sequences, events and bytes are the same as on the step loop of DJL's sync mode. Cancelling a sequence cancels its
+task, and leaving ``generate`` aborts the request in vLLM (so does a stop sequence our side sees first).
 
 The surface (``submit``, ``cancel``, ``call``, ``stats``) is the one ``engine_thread.EngineThread`` offers our engine;
 nothing here knows DJL. A client whose engine died fails every sequence in flight and later ones with a 503, and
@@ -24,6 +25,7 @@ from ...events import Event
 from ...sequence import SequenceState
 from .adapters import vllm_lora_request
 from .sampling import append_output, check_request, vllm_request
+from .stats import engine_stats
 from .structured import structured_outputs_params
 from .watch import EngineWatch, engine_dead, request_error
 
@@ -62,8 +64,9 @@ class AsyncVllmEngine(EngineWatch):
         """``function(*args)`` (an adapter's registration: vLLM loads adapters as requests name them)."""
         return function(*args)
 
-    def stats(self) -> dict[str, int | float]:
-        return {"running": len(self.tasks), "waiting": 0}
+    def stats(self) -> dict[str, int | float | str]:
+        """vLLM's own numbers (``stats.py``), as the step loop reports them."""
+        return engine_stats(self.backend.vllm_stats, sum(not seq.finished for _, seq, _ in self.tasks.values()))
 
     async def _generate(self, seq: SequenceState, deliver: Deliver) -> None:
         try:
@@ -72,7 +75,8 @@ class AsyncVllmEngine(EngineWatch):
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
             outputs = self.client.generate(request.prompt, request.params, str(seq.uid),
-                                           lora_request=request.lora_request)
+                                           lora_request=request.lora_request, priority=seq.request.priority,
+                                           trace_headers=seq.trace_headers)
             async with contextlib.aclosing(outputs):
                 async for output in outputs:
                     events = append_output(seq, output)

@@ -41,6 +41,7 @@ from ..tokenizer import HFTokenizer
 from .adapters import vllm_engine_args, vllm_lora_request
 from .options import Options, engine_arg_defaults
 from .sampling import EXTRA_FIELDS, append_output, check_request, vllm_request
+from .stats import engine_stats, stat_logger
 from .watch import EXIT_DELAY, EngineWatch, engine_dead, request_error
 
 logger = logging.getLogger(__name__)
@@ -106,6 +107,8 @@ class VllmBackend:
         """What requests are checked against, from the configuration of the engine that serves them."""
         self.vllm_config = vllm_config
         self.model_config = vllm_config.model_config
+        #: vLLM's latest scheduler statistics (``stats.py``), what the engine's ``stats()`` reports.
+        self.vllm_stats: dict[str, Any] = {}
         self.max_sequence_length = vllm_config.model_config.max_model_len
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.max_batch_size = vllm_config.scheduler_config.max_num_seqs
@@ -129,7 +132,7 @@ class VllmBackend:
         """vLLM's ``LLMEngine``, stepped by the handler's rolling batch (DJL's sync mode)."""
         from vllm.v1.engine.llm_engine import LLMEngine
 
-        self.llm = LLMEngine.from_vllm_config(self.vllm_config, disable_log_stats=True)
+        self.llm = LLMEngine.from_vllm_config(self.vllm_config, stat_loggers=[stat_logger(self.vllm_stats)])
         return VllmLoop(self)
 
     def make_async_engine(self) -> Any:
@@ -138,7 +141,8 @@ class VllmBackend:
 
         from .async_engine import AsyncVllmEngine
 
-        return AsyncVllmEngine(self, AsyncLLM.from_vllm_config(self.vllm_config, disable_log_stats=True))
+        return AsyncVllmEngine(self, AsyncLLM.from_vllm_config(self.vllm_config, disable_log_stats=True,
+                                                                stat_loggers=[stat_logger(self.vllm_stats)]))
 
     def tool_call_parser(self, name: str, calling: ToolCalling) -> Parser:
         """vLLM's own parser ``name`` reads an ``auto`` answer on this engine (``structured.py``)."""
@@ -183,7 +187,8 @@ class VllmLoop(EngineWatch):
             request = vllm_request(seq, self.backend.tokenizer.eos_ids,
                                    structured_outputs=structured_outputs_params(seq.request.constraint),
                                    lora_request=vllm_lora_request(seq.adapter))
-            self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request)
+            self.llm.add_request(str(seq.uid), request.prompt, request.params, lora_request=request.lora_request,
+                                 priority=seq.request.priority, trace_headers=seq.trace_headers)
         except Exception as exc:  # noqa: BLE001 - a request vLLM refuses fails alone
             if engine_dead(exc):
                 self.refused.update(self._stop(exc))
@@ -205,8 +210,9 @@ class VllmLoop(EngineWatch):
             seq.finished = True
         self.seqs, self.refused = {}, {}
 
-    def stats(self) -> dict[str, int | float]:
-        return {"running": len(self.seqs), "waiting": 0}
+    def stats(self) -> dict[str, int | float | str]:
+        """vLLM's own numbers (``stats.py``)."""
+        return engine_stats(self.backend.vllm_stats, len(self.seqs))
 
     def step(self) -> dict[int, list[Event]]:
         """What vLLM generated since the last step, as events by sequence uid."""

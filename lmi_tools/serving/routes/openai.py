@@ -39,7 +39,7 @@ COMPLETION_FIELDS = ("model", "prompt", "max_tokens", "temperature", "top_p", "s
                      "seed", "echo", "logprobs", "n", "best_of", "user", "frequency_penalty", "presence_penalty",
                      "suffix", "logit_bias", "response_format",
                      # vLLM's extensions, which benchmark clients send (the chat schema takes them too)
-                     "top_k", "min_p", "repetition_penalty", "ignore_eos")
+                     "top_k", "min_p", "repetition_penalty", "ignore_eos", "priority")
 #: best_of (ranking candidates by likelihood) is gone from vLLM's API too; suffix (insertion) no model here does.
 NEUTRAL = {"best_of": (1,), "suffix": ()}
 FINISH = {"eos_token": "stop", "stop_sequence": "stop", "length": "length"}
@@ -176,7 +176,7 @@ def _parameters(body: dict[str, Any]) -> dict[str, Any]:
     values = {"max_new_tokens": body.get("max_tokens", 16), "temperature": body.get("temperature", 1.0),
               "return_full_text": body.get("echo", False), "n": body.get("n", 1),
               **{k: body[k] for k in ("top_p", "stop", "seed", "top_k", "min_p", "repetition_penalty", "ignore_eos",
-                                      "presence_penalty", "frequency_penalty", "logit_bias") if k in body}}
+                                      "presence_penalty", "frequency_penalty", "logit_bias", "priority") if k in body}}
     if body.get("logprobs"):  # completions' logprobs is the number of alternatives (0: the chosen token's only)
         values["top_logprobs"] = body["logprobs"]
     names = {"max_new_tokens": "max_tokens", "top_logprobs": "logprobs"}

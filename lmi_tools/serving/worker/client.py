@@ -37,6 +37,9 @@ from .process import STARTED
 
 logger = logging.getLogger("lmi.worker")
 STARTUP_TIMEOUT = 120.0
+#: A line a handler prints for DJLServing's model metrics (``lmi_handlers/gauges.py``); Java's reader keeps them
+#: out of the log.
+METRICS = "[METRICS]"
 
 
 class WorkerDied(Exception):
@@ -147,6 +150,9 @@ class Worker:
         assert process.stdout is not None
         for line in process.stdout:
             line = line.rstrip("\n")
+            if METRICS in line:  # a model metric, as Java's reader takes it: /metrics has these numbers already
+                logger.debug("[%s] %s", self.name, line)
+                continue
             self.output_tail.append(line)
             logger.info("[%s] %s", self.name, line)
             if STARTED in line:

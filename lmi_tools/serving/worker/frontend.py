@@ -17,6 +17,7 @@ contract tests both use them, so what passes locally is what the container sends
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -135,6 +136,18 @@ def _request_headers(properties: Mapping[str, Any]) -> dict[int, dict[str, str]]
     return headers
 
 
+def engine_stats(raw: Any) -> dict[str, float | str] | None:
+    """The engine's counters in ``raw`` (the JSON of our handler's ``lmi_engine_stats``): numbers, and the adapter
+    lists as strings; None where it holds none (counters are a nicety: a garbled value never fails a request)."""
+    if not raw:
+        return None
+    try:
+        stats = json.loads(raw)
+    except ValueError:
+        return None
+    return {k: v for k, v in stats.items() if isinstance(v, (int, float, str))} if isinstance(stats, dict) else None
+
+
 class RollingBatchLoop:
     """The Java side of rolling batch (``RollingBatch.run``, reference §4.1-4.2) without the I/O:
     the ordered active list, the step Input, and what each returned item means for its request.
@@ -142,14 +155,16 @@ class RollingBatchLoop:
     New requests are appended; finished ones leave in place, so the handler's own list stays in step.
     A step whose answer is not 200 with exactly one item per request fails every active request and
     the next step carries ``reset_rollingbatch``. ``engine_stats`` keeps the engine's counters of the
-    latest answer that had them (our handler's ``lmi_engine_stats``; other handlers send none).
+    latest answer that had them (our handler's ``lmi_engine_stats``; other handlers send none), numbers and the
+    adapter lists (strings), and ``engine_stats_at`` when (``time.time()``) they came.
     """
 
     def __init__(self, max_size: int = 32):
         self.max_size = max_size
         self.active: list[RollingRequest] = []
         self.reset_next = False
-        self.engine_stats: dict[str, float] = {}
+        self.engine_stats: dict[str, float | str] = {}
+        self.engine_stats_at = 0.0
 
     @property
     def room(self) -> int:
@@ -202,14 +217,9 @@ class RollingBatchLoop:
         return results
 
     def _read_stats(self, raw: Any) -> None:
-        if not raw:
-            return
-        try:
-            stats = json.loads(raw)
-        except ValueError:
-            return  # counters are a nicety: a garbled property never fails the step
-        if isinstance(stats, dict):
-            self.engine_stats = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
+        stats = engine_stats(raw)
+        if stats is not None:
+            self.engine_stats, self.engine_stats_at = stats, time.time()
 
     def fail_all(self, code: int, error: str) -> list[StepItem]:
         """Every active request ends with this error; the next step resets the handler."""
