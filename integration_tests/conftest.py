@@ -105,6 +105,14 @@ class Servers:
         base = {"engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.backend": "scripted"}
         return self.model_dir(name, {**base, **properties})
 
+    def tiny_rolling(self, model_id: Path, rows: int, name: str = "tiny") -> Path:
+        """The tiny model on our engine's rolling batch with torch's own kernels: nothing to compile at load (the
+        default builds the CPU kernels once per machine)."""
+        return self.model_dir(name, {
+            "engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": str(model_id),
+            "option.rolling_batch": "scheduler", "option.max_rolling_batch_size": rows,
+            "option.cpu_linear_kernel": "stock", "option.cpu_attention_kernel": "torch"})
+
     def echo(self, name: str = "echo", **properties) -> Path:
         return self.model_dir(name, {"engine": "Python", **properties}, ECHO_HANDLER)
 

@@ -14,11 +14,7 @@ MESSAGES = [{"role": "user", "content": "Tell me about the sea"}]
 
 @pytest.fixture(scope="module")
 def server(serve_module, tiny_model_dir):
-    model = serve_module.model_dir("tiny", {
-        "engine": "Python", "option.entryPoint": "lmi_handlers.entrypoint", "option.model_id": str(tiny_model_dir),
-        "option.rolling_batch": "scheduler", "option.max_rolling_batch_size": 8,
-        # torch's own kernels: nothing to compile at load (the sampler is the same on every kernel)
-        "option.cpu_linear_kernel": "stock", "option.cpu_attention_kernel": "torch"})
+    model = serve_module.tiny_rolling(tiny_model_dir, rows=8)
     return serve_module([model], ready=False).wait_ready(timeout=300)
 
 

@@ -194,6 +194,10 @@ def choose(settings: Settings, target: Host = HERE) -> Choice:
     else:
         entry, found = for_instance(settings.requested, target.family), f"the one {target.family} instances run"
     why = settings.asked_by if settings.requested != "auto" else f"{settings.asked_by}: {found}"
+    if settings.embedding and not entry.embeds:
+        poolers = ", ".join(name for name, other in BACKENDS.items() if other.embeds)
+        raise ConfigError("task", settings.config.properties["task"], f"the {entry.name} backend ({why}) generates "
+                          f"text only; an embedding model loads on {poolers} (option.backend)")
     return Choice(**_fields(settings, Settings), target=target, backend=entry, why=why)
 
 

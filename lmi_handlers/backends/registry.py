@@ -27,7 +27,7 @@ of the degree as the Neuron compilers do; ``lmi validate`` sizes memory by it), 
 bounding prompt + output, ``max_model_len``), ``NEEDS_MODEL`` (False: no weights to size), ``STEP_LOOP`` (see
 ``Entry.step_loop``), ``loadable()`` (whether an explicit choice can load here, where that is less than what
 ``auto`` asks) and ``AUTO_FAMILIES`` (the families whose LMI image makes ``auto`` pick it, where fewer than
-``INSTANCE_FAMILIES``).
+``INSTANCE_FAMILIES``), ``EMBEDS`` (True: it loads a pooler for ``option.task=text-embedding``).
 
 A new backend is one package and one line in ``BACKENDS``. Tools ask this table; none compares backend names.
 """
@@ -80,6 +80,8 @@ class Entry:
     adapters: AdapterRule | None = None
     #: How it spreads attention heads over a tensor-parallel degree, by instance kind (gpu, neuron).
     head_layout: Mapping[str, str] = field(default_factory=dict)
+    #: Whether it loads a pooler for an embedding model (``option.task=text-embedding``).
+    embeds: bool = False
 
     def options(self, props: Mapping[str, Any]) -> Any:
         """Its typed options; raises ``ConfigError``."""
@@ -103,7 +105,8 @@ def entry(package: ModuleType, *, auto: bool = True) -> Entry:
                  step_loop=getattr(package, "STEP_LOOP", None), loadable=getattr(package, "loadable", None),
                  auto_families=getattr(package, "AUTO_FAMILIES", None),
                  rolling_batch=tuple(getattr(package, "ROLLING_BATCH", ())),
-                 adapters=getattr(package, "ADAPTERS", None), head_layout=dict(getattr(package, "HEAD_LAYOUT", {})))
+                 adapters=getattr(package, "ADAPTERS", None), head_layout=dict(getattr(package, "HEAD_LAYOUT", {})),
+                 embeds=getattr(package, "EMBEDS", False))
 
 
 #: Every backend, in the order ``auto`` asks them.

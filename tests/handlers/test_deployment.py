@@ -105,6 +105,15 @@ def test_what_the_backend_refuses_is_refused_before_it_loads():
         resolve({"backend": "vllm", "tensor_parallel_degree": "3"}, Host("g5", "gpu", 24 * GIB, 4), MODEL)
 
 
+@pytest.mark.parametrize("props, target", [
+    ({"backend": "scripted"}, HERE),
+    ({}, Host("inf2", "neuron", 16 * GIB, accelerators=2)),  # auto there is neuronx
+])
+def test_an_embedding_model_on_a_backend_without_a_pooler_is_refused_naming_the_task(props, target):
+    with pytest.raises(ConfigError, match=r"option.task='text-embedding'.*generates text only.*loads on vllm, hf"):
+        resolve({"task": "text-embedding", **props}, target, MODEL)
+
+
 def test_the_handler_loads_by_the_deployment_and_requests_parse_nothing_again(tmp_path, monkeypatch, caplog):
     """Each kind of options is parsed once per load, however many requests follow."""
     parsed = {}

@@ -28,6 +28,8 @@ __all__ = ["ADAPTERS", "HEAD_LAYOUT", "INSTANCE_FAMILIES", "KEYS", "Options", "a
 INSTANCE_FAMILIES = ("cpu", "g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", "p5", "p5e", "p5en")
 #: LoRA adapters on the decoder's linear layers, of any rank ``option.max_lora_rank`` allows (``lora.py``).
 ADAPTERS = AdapterRule(refused_modules=REFUSED)
+#: Embedding models load a pooler (``pooling.py``).
+EMBEDS = True
 #: Several GPUs take whole layers each (``device_map="auto"``): the heads stay as the model has them.
 HEAD_LAYOUT = {"gpu": "layers"}
 

@@ -28,6 +28,8 @@ AUTO_FAMILIES = ("g4dn", "g5", "g6", "g6e", "gr6", "p3", "p3dn", "p4d", "p4de", 
 #: Where vLLM runs: the GPU families, Inferentia2/Trainium through vLLM's Neuron plugin, and this machine's CPU
 #: (vLLM's CPU build, when asked for).
 INSTANCE_FAMILIES = ("cpu", *AUTO_FAMILIES, "inf2", "trn1")
+#: Embedding models load a pooler (``pooling.py``).
+EMBEDS = True
 #: LMI's own line for vLLM's engine: ``option.rolling_batch=vllm`` selects this backend.
 ROLLING_BATCH = ("vllm",)
 #: Tensor parallelism splits the attention heads over the GPUs; on NeuronCores the Neuron plugin (NxD Inference)
