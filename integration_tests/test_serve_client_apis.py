@@ -305,8 +305,8 @@ def test_embeddings_of_every_client_and_route_equal_sentence_transformers(oai, s
 
 
 def test_score_rerank_and_cohere_embed_are_cosines_of_the_same_vectors(server, encoded):
-    def close(got, want):
-        return len(got) == len(want) and all(abs(g - w) < 1e-4 for g, w in zip(got, want))
+    def close(got, want):  # the server's default dtype is bf16 on a CPU with native bf16; the reference float32
+        return len(got) == len(want) and all(abs(g - w) < 2e-3 for g, w in zip(got, want))
 
     scores = httpx.post(server.url + "/score", json={"model": "minilm", "text_1": TEXTS[0],
                                                      "text_2": TEXTS[1:4]}).json()

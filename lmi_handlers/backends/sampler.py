@@ -359,8 +359,11 @@ def _top_log_probs(torch: Any, logits: Any, top: Any, log_sum: Any, params: Sequ
     if not rows:
         return {}
     index = torch.tensor(rows, device=logits.device)
-    values, tokens = logits[index].topk(max(params[row].top_logprobs for row in rows), dim=-1)
-    values = values - top[index] - log_sum[index, None]
+    # A stable sort, not topk: among equal logits (frequent in bf16) the lowest id comes first, as the argmax
+    # chooses, so a greedy token is its position's first alternative.
+    values, tokens = logits[index].sort(dim=-1, descending=True, stable=True)
+    width = max(params[row].top_logprobs for row in rows)
+    values, tokens = values[:, :width] - top[index] - log_sum[index, None], tokens[:, :width]
     out = {}
     for row, row_tokens, row_values in zip(rows, tokens.tolist(), values.tolist()):
         k = params[row].top_logprobs

@@ -164,6 +164,14 @@ def test_top_log_probs_are_the_most_likely_tokens_of_the_raw_distribution_for_th
         assert abs(log_prob - float(exact[row, token])) < 5e-7  # before bias and temperature, as vLLM reports
 
 
+def test_among_tied_logits_the_greedy_token_is_its_positions_first_alternative():
+    """bf16 logits tie often: the argmax takes the lowest id, and the alternatives list it first too."""
+    logits = torch.zeros(1, 2048)
+    logits[0, [1838, 1568, 7]] = 4.0
+    [(token, _, top)] = sampler.select_tokens(torch, logits, rows(1, logits, top_logprobs=3))
+    assert token == 7 and [t for t, _ in top] == [7, 1568, 1838]
+
+
 def test_a_logit_bias_outside_the_vocabulary_is_a_400_naming_the_field(engine):
     code, body = ask(engine, {"inputs": "hi", "parameters": {"logit_bias": {"2048": 5}}})
     assert code == 400 and "parameters.logit_bias: token id 2048 is not in this model's vocabulary" in body
