@@ -29,15 +29,16 @@ class Client:
         self.vllm_config = vllm_config
         self.calls, self.aborted, self.fail_after = [], [], None
 
-    async def generate(self, prompt, params, request_id, lora_request=None):
+    async def generate(self, prompt, params, request_id, lora_request=None, priority=0, trace_headers=None):
         self.calls.append((prompt, params, lora_request))
         try:
             for i, token in enumerate(TOKENS[:params.max_tokens]):
                 if self.fail_after == i:
                     raise RuntimeError("the engine failed this request")
                 await asyncio.sleep(0.001)
-                yield SimpleNamespace(finished=i == min(len(TOKENS), params.max_tokens) - 1,
-                                      outputs=[SimpleNamespace(token_ids=[token], logprobs=None)])
+                last = i == min(len(TOKENS), params.max_tokens) - 1
+                yield SimpleNamespace(finished=last, outputs=[SimpleNamespace(
+                    token_ids=[token], logprobs=None, finish_reason="length" if last else None)])
         except (asyncio.CancelledError, GeneratorExit):
             self.aborted.append(request_id)
             raise
