@@ -172,7 +172,9 @@ class AsyncService:
         queue: asyncio.Queue = asyncio.Queue()
         self.running[tracking_id] = queue
         self.engine.submit(job.seqs, queue.put_nowait)
-        if self._publisher is None:
+        # DJLServing reads [METRICS] lines from its worker; in the vLLM container (no djl_metrics) vLLM's server
+        # has its own /metrics.
+        if self._publisher is None and getattr(self.handler, "djl_metrics", None) is not None:
             self._publisher = asyncio.get_running_loop().create_task(self._publish(), name="lmi-djl-metrics")
         try:
             while not job.done:

@@ -126,7 +126,7 @@ def hit_rate(servers, ask) -> float:
 def test_kv_aware_routing_beats_round_robin_on_the_prefix_cache_hit_rate(replicas, vllm_tiny_model_dir):
     from transformers import AutoTokenizer
 
-    from lmi_handlers.backends.hf.tokenizer import HFTokenizer
+    from lmi_handlers.backends.tokenizer import HFTokenizer
 
     tokenizer = HFTokenizer(AutoTokenizer.from_pretrained(str(vllm_tiny_model_dir)))
     router = Router([port for _, port in replicas])

@@ -91,7 +91,9 @@ class AsyncChannel:
         #: is not asked again.
         self.engine_stats: dict[str, float | str] = {}
         self.engine_stats_at = 0.0
-        self._stats_read = (0.0, False)  # when the counters were last asked for, and whether requests ran then
+        self._stats_read_at = 0.0  # when the counters were last asked for
+        #: Requests ran since that read: one more read is due (a short request may start and end between two).
+        self._stats_due = False
         self._stats_answered = True
 
     def start(self) -> None:
@@ -107,6 +109,7 @@ class AsyncChannel:
         with self._lock:
             self.active[tracking_id] = Tracked(key)
             self.worker.send(Input(properties, inputs.content))
+            self._stats_due = self._stats_due or not isinstance(key, Call)
 
     def call(self, inputs: Input, timeout: float) -> tuple[int, bytes]:
         """Send a handler call (``inputs`` name its ``handler``) and wait for its answer: its status and body."""
@@ -133,10 +136,8 @@ class AsyncChannel:
     def read_stats(self) -> None:
         """Ask for the engine's counters, every ``STATS_EVERY`` seconds while requests are in flight and once after
         the last; raises ``WorkerDied``."""
-        busy = self.requests() > 0
-        last, was_busy = self._stats_read
-        if self._stats_answered and (busy or was_busy) and time.monotonic() - last >= STATS_EVERY:
-            self._stats_read = (time.monotonic(), busy)
+        if self._stats_answered and self._stats_due and time.monotonic() - self._stats_read_at >= STATS_EVERY:
+            self._stats_read_at, self._stats_due = time.monotonic(), self.requests() > 0
             self.send(Input({STATS_PROPERTY: "true"}), StatsCall(self._keep_stats))
 
     def _keep_stats(self, stats: dict[str, float | str] | None) -> None:
