@@ -60,6 +60,30 @@ def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_featu
         assert torch.all((got.double() - want).abs() <= 1e-6 * scale), (rows, (got.double() - want).abs().max())
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_product_splits_over_threads_and_gives_the_same_bits_on_one_as_on_two(kernel, dtype):
+    # lmi runs torch on every CPU (cpu/kernels.py): each thread computes whole outputs, so no answer depends on it.
+    # 576 outputs are 36 panels, split over the threads in groups; 1-100 rows cover one to several row blocks.
+    from lmi_handlers.backends.hf.cpu.compiled_linear import compile_linears
+
+    if dtype == "bfloat16" and not kernel.bfloat16:
+        pytest.skip("this build has no bfloat16 path: the CPU (or ATEN_CPU_CAPABILITY) has no AVX-512 BF16")
+    generator = torch.Generator().manual_seed(3)
+    forward = torch.nn.Sequential(torch.nn.Linear(96, 576), torch.nn.Linear(576, 200)).to(getattr(torch, dtype))
+    assert compile_linears(torch, kernel, forward) == 2
+    before = torch.get_num_threads()
+    try:
+        for rows in (1, 5, 16, 64, 100):
+            x = torch.randn(rows, 96, generator=generator).to(getattr(torch, dtype))
+            got = []
+            for threads in (1, 2):
+                torch.set_num_threads(threads)
+                got.append(forward(x))
+            assert torch.equal(*got), rows
+    finally:
+        torch.set_num_threads(before)
+
+
 @pytest.mark.parametrize("out_features, in_features", [(48, 64), (20, 7), (17, 33), (1, 5), (200, 96)])
 def test_in_bfloat16_each_output_is_the_exact_product_rounded_once(bf16_kernel, out_features, in_features):
     # (not named for the float64 tests that every vector build runs: only an AVX-512 BF16 build has this path)

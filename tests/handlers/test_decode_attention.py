@@ -63,6 +63,25 @@ def test_the_kernel_equals_attention_in_float64_on_ragged_paged_reads(kernel, he
     assert torch.allclose(got.double(), want, rtol=0, atol=2e-6), (got.double() - want).abs().max()
 
 
+def test_rows_split_over_threads_and_give_the_same_bits_on_one_as_on_two(kernel):
+    # lmi runs torch on every CPU (cpu/kernels.py): each thread attends whole rows, so no answer depends on it.
+    generator = torch.Generator().manual_seed(5)
+    rows, heads, groups, dim, block_size = 16, 9, 3, 64, 16
+    lengths = torch.randint(1, 120, (rows,), generator=generator)
+    tables = torch.arange(rows * 8).view(rows, 8)
+    keys, values = (torch.randn(groups, rows * 8 * block_size, dim, generator=generator) for _ in range(2))
+    query = torch.randn(rows, heads, dim, generator=generator)
+    before = torch.get_num_threads()
+    try:
+        got = []
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got.append(kernel(query, keys, values, tables, lengths, block_size, dim ** -0.5))
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(*got)
+
+
 def compiled(handler, monkeypatch):
     """Counts the kernel's calls; skips where the packed step, which the kernel serves, cannot run."""
     import transformers

@@ -34,7 +34,6 @@ from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.common import WIDE_ROWS
 from .cpu.kernels import check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
@@ -116,16 +115,15 @@ class HFBackend:
         self.torch = torch
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
-        self.threads = default_threads() if device == "cpu" else None  # torch's threads per step, where lmi sets them
+        self.threads = default_threads() if device == "cpu" else None  # torch's threads, where lmi sets them
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
             if self.threads is None:
                 logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
             else:
-                torch.set_num_threads(self.threads.narrow)
-                logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
-                            "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
+                torch.set_num_threads(self.threads)
+                logger.info("torch threads: %d, every CPU", self.threads)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -285,10 +283,9 @@ class HFBackend:
         return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), getattr(out, self.cache_keyword)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
-        if self.threads is not None:
-            threads = self.threads.for_step(sum(len(chunk.tokens) for chunk in batch))
-            if threads != self.torch.get_num_threads():
-                self.torch.set_num_threads(threads)
+        # A thread count is kept per thread: the step loop's own may not be the one set at load.
+        if self.threads is not None and self.threads != self.torch.get_num_threads():
+            self.torch.set_num_threads(self.threads)
         with self.torch.inference_mode():
             return self.runner.step(batch)
 

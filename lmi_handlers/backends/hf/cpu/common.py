@@ -98,7 +98,8 @@ def build(torch: Any, key: str, source: Path) -> Any:
         # by two virtual environments with their own torch, keeps every build instead of rebuilding over another.
         name = f"lmi_{source.stem}_{target}_{environment_key(torch)}"
         with _building_alone(name):
-            return load(name, [str(source)], extra_cflags=["-O3", *flags])
+            # OpenMP: the kernels' at::parallel_for splits their work over torch's threads only where built with it.
+            return load(name, [str(source)], extra_cflags=["-O3", "-fopenmp", *flags], extra_ldflags=["-fopenmp"])
     except Exception as exc:  # no compiler, no ninja, a failed build: each says so in its message
         reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
         raise ConfigError(key, "compiled", f"building the kernel failed ({reason}): install a C++ compiler and ninja, "

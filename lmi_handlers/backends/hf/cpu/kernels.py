@@ -21,14 +21,12 @@ Every kernel but torch's own takes float32 or bfloat16 on the CPU only, so those
 refused before any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule
 before a deployment.
 
-torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else it follows the
-step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
-the server's own threads (HTTP, tokenizing, streaming, the step loop) keep a core instead of preempting torch's
-workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: prompts being prefilled) runs on
-every CPU, since its products are large enough to share and the server has little to stream meanwhile. A wide
-step's logits are the same bits on one thread as on two (torch's product and attention split rows, not the sums;
-``tests/handlers/test_cpu_kernels.py`` checks it), so the answers do not depend on the policy
-(``benchmarks/threads.py`` measures it; docs/engine.md has the figures).
+torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else every step runs on
+every CPU this process may run on: the compiled kernels split their products over the threads (OpenMP), and the
+server's own threads (HTTP, tokenizing, streaming) take a few percent of a CPU at 64 streams, far less than the
+share of the products a CPU left to them would cost (``benchmarks/threads.py`` measures it; docs/engine.md has
+the figures). The logits are the same bits on any thread count (each kernel and torch's product give a thread
+whole outputs, not part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it.
 """
 
 from __future__ import annotations
@@ -41,7 +39,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ....config import ConfigError, parse_choice
-from .common import KERNEL_DTYPES, WIDE_ROWS, not_on_cpu
+from .common import KERNEL_DTYPES, not_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -180,23 +178,12 @@ def _built(torch: Any, module: Any, reasons: list[str], dtype: str) -> Any:
     return kernel
 
 
-@dataclass(frozen=True)
-class StepThreads:
-    """torch's thread count for a narrow step and for a wide one (module docstring)."""
-
-    narrow: int
-    wide: int
-
-    def for_step(self, tokens: int) -> int:
-        return self.wide if tokens >= WIDE_ROWS else self.narrow
-
-
-def default_threads() -> StepThreads | None:
-    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them (module docstring)."""
+def default_threads() -> int | None:
+    """torch's thread count to set: every CPU this process may run on, or None where ``OMP_NUM_THREADS`` already says
+    it (module docstring)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return StepThreads(narrow=max(1, cpus - 1), wide=cpus)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 # ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
