@@ -7,7 +7,8 @@
     .venv/bin/python benchmarks/serve_sweep.py --models smollm2-unique --peers lmi,lmi-async --concurrency 16,64
 
 Every server gets the same requests over HTTP from ``lmi bench``'s load generator (``lmi_tools.bench``: closed
-loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones):
+loop, streamed OpenAI answers, one warm-up request per client, then ``--requests-per-client`` x C measured ones, and
+at least ``MIN_REQUESTS``, so that a figure at C = 1 does not rest on one or two requests):
 
 * ``random-115m``: the 115M Llama shape with random weights (``lmi tiny-model --preset bench-115m``), OpenAI
   completions of a 128-token prompt, exactly 64 new tokens (``ignore_eos``; ``transformers serve`` refuses the
@@ -89,6 +90,7 @@ NEW_TOKENS = 64
 PROMPT_TOKENS = 128
 UNIQUE_TOKENS = 100
 MAX_ROWS = 64
+MIN_REQUESTS = 8  # measured requests per level at the least (module docstring)
 REFUSE_IGNORE_EOS = {"transformers"}  # answers 422 "Unexpected fields in the request" to ignore_eos
 READY_TIMEOUT = 900.0  # vLLM compiles its model at start: minutes on a small shared CPU
 #: Each peer's server and the dtype it is told (None: the server's own default).
@@ -298,14 +300,15 @@ def sweep(base: str, model: Model, prompts: PromptSet, counter: TokenCounter, le
     target = BenchTarget(model.api, True, base + path)
     rows = []
     for level in levels:
+        measured = max(per_client * level, MIN_REQUESTS)
         # lmi serve answers under any model name; the others want the path they were started with.
         shape = RequestShape(NEW_TOKENS, stream=True, ignore_eos=ignore_eos, model=str(model.path))
-        load = LoadSettings((level,), requests=per_client * level, request_timeout=600.0)
+        load = LoadSettings((level,), requests=measured, request_timeout=600.0)
         if model.unique:  # a warm-up of its own prompts, then prompts no request has sent
             run_bench(BenchPlan(target, shape, unique_prompts(counter, level, f"warm-up {level}-"),
                                 LoadSettings((level,), requests=level, warmup=0, request_timeout=600.0), counter))
-            prompts = unique_prompts(counter, per_client * level, f"request {level}-")
-            load = LoadSettings((level,), requests=per_client * level, warmup=0, request_timeout=600.0)
+            prompts = unique_prompts(counter, measured, f"request {level}-")
+            load = LoadSettings((level,), requests=measured, warmup=0, request_timeout=600.0)
         summary = run_bench(BenchPlan(target, shape, prompts, load, counter))[0].summary
         latency = summary["latency_s"]
         rows.append({"concurrency": level, "ok": summary["requests"]["ok"], "errors": summary["requests"]["errors"],
