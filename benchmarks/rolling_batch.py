@@ -185,7 +185,8 @@ def main() -> None:
     if bad := [option for option in args.option if "=" not in option]:
         parser.error(f"--option wants KEY=VALUE, got {bad[0]!r}")
     # One thread count for the handler and the baselines alike (OMP_NUM_THREADS set: the handler leaves it as is).
-    threads = args.threads or default_threads() or torch.get_num_threads()
+    policy = default_threads()
+    threads = args.threads or (policy.wide if policy else torch.get_num_threads())
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     real_eos = args.model == "smollm2"

@@ -34,6 +34,7 @@ from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
+from .cpu.common import WIDE_ROWS
 from .cpu.kernels import check_target, choose, default_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
@@ -115,15 +116,17 @@ class HFBackend:
         self.torch = torch
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
-        self.threads = default_threads() if device == "cpu" else None  # torch's threads, where lmi sets them
+        # torch's threads per step, where lmi sets them; fewer for decode beside async mode's event loop
+        self.threads = default_threads(config.async_mode) if device == "cpu" else None
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
             if self.threads is None:
                 logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
             else:
-                torch.set_num_threads(self.threads)
-                logger.info("torch threads: %d, every CPU", self.threads)
+                torch.set_num_threads(self.threads.wide)
+                logger.info("torch threads: %d a decode step, %d a step of %d prompt tokens or more",
+                            self.threads.narrow, self.threads.wide, WIDE_ROWS)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -283,9 +286,11 @@ class HFBackend:
         return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), getattr(out, self.cache_keyword)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
-        # A thread count is kept per thread: the step loop's own may not be the one set at load.
-        if self.threads is not None and self.threads != self.torch.get_num_threads():
-            self.torch.set_num_threads(self.threads)
+        # Set on the step loop's own thread: torch keeps a count per thread.
+        if self.threads is not None:
+            threads = self.threads.for_step(sum(len(chunk.tokens) for chunk in batch))
+            if threads != self.torch.get_num_threads():
+                self.torch.set_num_threads(threads)
         with self.torch.inference_mode():
             return self.runner.step(batch)
 

@@ -36,7 +36,8 @@ class HFPooler:
         hf_logging.disable_progress_bar()
         self.torch = torch
         device = resolve_device(torch, config.device)
-        self.threads = default_threads() if device == "cpu" else None  # None: OMP_NUM_THREADS says it
+        threads = default_threads() if device == "cpu" else None  # None: OMP_NUM_THREADS says it
+        self.threads = threads.wide if threads is not None else None  # every CPU: no tokens stream beside a forward
         source: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             source["revision"] = str(config.properties["revision"])

@@ -21,12 +21,16 @@ Every kernel but torch's own takes float32 or bfloat16 on the CPU only, so those
 refused before any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule
 before a deployment.
 
-torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else every step runs on
-every CPU this process may run on: the compiled kernels split their products over the threads (OpenMP), and the
-server's own threads (HTTP, tokenizing, streaming) take a few percent of a CPU at 64 streams, far less than the
-share of the products a CPU left to them would cost (``benchmarks/threads.py`` measures it; docs/engine.md has
-the figures). The logits are the same bits on any thread count (each kernel and torch's product give a thread
-whole outputs, not part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it.
+torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else a step runs on every
+CPU this process may run on (the compiled kernels split their products over torch's threads with OpenMP) when the
+step loop is the process's only busy thread: in DJL's sync mode each step's answers are formatted between steps,
+and the HTTP front end, another process, takes a few percent of a CPU at 64 streams. In DJL's async mode an event
+loop in the same process formats and sends every token's answer while the engine steps on its own thread, and a
+torch worker it preempts in the middle of a product holds up the whole step; there a narrow step (decode rows,
+fewer than ``WIDE_ROWS`` tokens) leaves it one CPU, and a wide one (prompts being prefilled) still takes every CPU.
+The logits are the same bits on any thread count (each kernel and torch's product give a thread whole outputs, not
+part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it (``benchmarks/threads.py``
+and ``serve_sweep.py`` measure the policy; docs/engine.md has the figures).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ....config import ConfigError, parse_choice
-from .common import KERNEL_DTYPES, not_on_cpu
+from .common import KERNEL_DTYPES, WIDE_ROWS, not_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -178,12 +182,24 @@ def _built(torch: Any, module: Any, reasons: list[str], dtype: str) -> Any:
     return kernel
 
 
-def default_threads() -> int | None:
-    """torch's thread count to set: every CPU this process may run on, or None where ``OMP_NUM_THREADS`` already says
-    it (module docstring)."""
+@dataclass(frozen=True)
+class StepThreads:
+    """torch's thread count for a narrow step and for a wide one (module docstring)."""
+
+    narrow: int
+    wide: int
+
+    def for_step(self, tokens: int) -> int:
+        return self.wide if tokens >= WIDE_ROWS else self.narrow
+
+
+def default_threads(beside_event_loop: bool = False) -> StepThreads | None:
+    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them; ``beside_event_loop``: steps run
+    while an event loop of this process sends answers (DJL's async mode; module docstring)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return StepThreads(narrow=max(1, cpus - 1) if beside_event_loop else cpus, wide=cpus)
 
 
 # ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
