@@ -124,7 +124,7 @@ class HFBackend:
             if self.threads is None:
                 logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
             else:
-                torch.set_num_threads(self.threads.wide)
+                torch.set_num_threads(self.threads.narrow)  # this thread may run the event loop (async mode)
                 logger.info("torch threads: %d a decode step, %d a step of %d prompt tokens or more",
                             self.threads.narrow, self.threads.wide, WIDE_ROWS)
         source = gguf_source(config, options.gguf_file)
