@@ -62,7 +62,7 @@ def test_the_kernel_equals_the_product_in_float64(kernel, out_features, in_featu
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_the_product_splits_over_threads_and_gives_the_same_bits_on_one_as_on_two(kernel, dtype):
-    # lmi runs torch on every CPU (cpu/kernels.py): each thread computes whole outputs, so no answer depends on it.
+    # A step's thread count (cpu/kernels.py) may change no answer: each thread computes whole outputs.
     # 576 outputs are 36 panels, split over the threads in groups; 1-100 rows cover one to several row blocks.
     from lmi_handlers.backends.hf.cpu.compiled_linear import compile_linears
 
