@@ -17,8 +17,8 @@ throughput comparison that needs exactly N tokens per request.
 
 The handler runs with default options (the CPU kernels ``auto`` picks, logged at its load) unless ``--option``
 adds some (``--option cpu_linear_kernel=stock --option cpu_attention_kernel=torch`` for the stock path); the
-baselines run torch's stock model. Both run on one thread count, the handler's for a decode step where
-``OMP_NUM_THREADS`` is unset (``kernels.default_threads``: one less than the CPUs), or ``--threads``: the
+baselines run torch's stock model. Both run on one thread count, the handler's where ``OMP_NUM_THREADS`` is
+unset (``kernels.default_threads``: every CPU), or ``--threads``: the
 comparison is of engines, not thread policies (``threads.py`` measures the handler's own policy).
 
 Prints output tokens/s, time to first token p50/p90 and inter-token latency per concurrency, beside
@@ -186,7 +186,7 @@ def main() -> None:
         parser.error(f"--option wants KEY=VALUE, got {bad[0]!r}")
     # One thread count for the handler and the baselines alike (OMP_NUM_THREADS set: the handler leaves it as is).
     policy = default_threads()
-    threads = args.threads or (policy.narrow if policy else torch.get_num_threads())
+    threads = args.threads or (policy.wide if policy else torch.get_num_threads())
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
     real_eos = args.model == "smollm2"

@@ -44,9 +44,9 @@ for a float32 checkpoint); a peer whose dtype is its server's default is not sta
 default's. The header names the CPU, its bfloat16 flags, the commit and the load average before and after.
 
 By default each server runs its own thread policy, as a user gets it: ``lmi serve`` and transformers with
-``OMP_NUM_THREADS`` unset (``lmi serve`` then leaves one CPU to its front end on a decode step and takes every CPU
-for a wide prefill step), vLLM with the count its automatic binding gives, one less than the CPUs (it reserves one
-for its front end; the sweep runs it with ``nobind``, as on a shared host, and sets that count itself).
+``OMP_NUM_THREADS`` unset (``lmi serve`` then runs torch on every CPU), vLLM with the count its automatic binding
+gives, one less than the CPUs (it reserves one for its front end; the sweep runs it with ``nobind``, as on a shared
+host, and sets that count itself).
 ``--threads N`` gives every server ``OMP_NUM_THREADS=N`` instead, which compares engines on one thread count.
 
 A peer that cannot install or start says why, and its rows say "not run". Figures, not assertions; on a shared

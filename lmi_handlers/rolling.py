@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
@@ -46,23 +45,23 @@ IDLE_WAIT = 0.05
 INLINE_BODY_BYTES = 32 * 1024
 #: New requests prepared within one step: the rest of a burst (a hundred arriving at once) goes to the pool too.
 INLINE_REQUESTS = 16
-#: How much nicer than the step loop the pool's threads are (Linux keeps a nice value per thread): a long prompt
-#: being tokenized or a grammar being compiled takes the CPU only when the step loop leaves it.
-PREPARE_NICENESS = 10
 
 
 def preparation_pool(workers: int = 2) -> ThreadPoolExecutor:
     """The threads requests are prepared on (parsed, tokenized, their grammars compiled) beside the step loop, each
-    ``PREPARE_NICENESS`` nicer than it (the rolling batch's, and the async path's)."""
+    yielding the CPU to it (the rolling batch's, and the async path's)."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
                               initializer=_yield_to_the_step_loop)
 
 
 def _yield_to_the_step_loop() -> None:
+    """Linux's idle class for this thread: a long prompt being tokenized or a grammar being compiled runs while the
+    step loop leaves a CPU free (between its products) instead of preempting a torch worker in the middle of one,
+    which holds up the whole step. A nice value alone still took its share of the CPU from torch's workers: the
+    longest gap of a stream beside hostile grammars was several times longer (docs/serving.md)."""
     try:
-        base = os.getpriority(os.PRIO_PROCESS, 0)
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + PREPARE_NICENESS))
-    except (AttributeError, OSError):  # not Linux, or not allowed: the threads keep the process's priority
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux: the threads keep the process's priority
         pass
 
 

@@ -189,49 +189,65 @@ def test_builds_are_kept_per_environment_and_torch_version(monkeypatch):
     assert len({here, environment_key(torch)}) == 2
 
 
-@pytest.mark.parametrize("env, cpus, want", [({"OMP_NUM_THREADS": "3"}, 8, None), ({}, 2, (1, 2)), ({}, 1, (1, 1)),
-                                              ({}, 8, (7, 8))])
-def test_torch_threads_leave_one_cpu_to_the_server_but_on_wide_steps_unless_omp_num_threads_says(
-        monkeypatch, env, cpus, want):
+@pytest.mark.parametrize("env, cpus, beside, want", [
+    ({"OMP_NUM_THREADS": "3"}, 8, False, None), ({"OMP_NUM_THREADS": "3"}, 8, True, None),
+    ({}, 2, False, (2, 2)), ({}, 8, False, (8, 8)), ({}, 1, False, (1, 1)),
+    ({}, 2, True, (1, 2)), ({}, 8, True, (7, 8)), ({}, 1, True, (1, 1))])
+def test_torch_runs_on_every_cpu_but_decode_leaves_one_beside_an_event_loop_unless_omp_num_threads_says(
+        monkeypatch, env, cpus, beside, want):
     from lmi_handlers.backends.hf.cpu import kernels
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
-    threads = kernels.default_threads()
+    threads = kernels.default_threads(beside)
     assert threads is None if want is None else (threads.narrow, threads.wide) == want
     if threads is not None:
         assert [threads.for_step(n) for n in (1, kernels.WIDE_ROWS - 1, kernels.WIDE_ROWS)] == [want[0]] * 2 + [want[1]]
 
 
-def test_a_step_runs_on_the_thread_count_of_its_width(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("async_mode", [False, True])
+def test_a_step_runs_on_the_thread_count_of_its_width_from_a_thread_of_its_own(tiny_model_dir, tmp_path, monkeypatch,
+                                                                              async_mode):
+    # torch keeps a thread count per thread: a step loop on another thread than the load's (async mode's engine
+    # thread) still gets its step's count.
+    import threading
+
     import torch
 
-    from lmi_handlers.backends.hf.cpu.kernels import WIDE_ROWS, StepThreads
+    from lmi_handlers.backends.hf.cpu import kernels
     from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
     from lmi_handlers.sequence import SequenceState
 
-    monkeypatch.setattr("lmi_handlers.backends.hf.backend.default_threads", lambda: StepThreads(narrow=1, wide=2))
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     before = torch.get_num_threads()
     try:
-        handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_model_len=512)
+        handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_model_len=512,
+                       async_mode=str(async_mode).lower())
         backend, seen = handler.backend, []
         step = backend.runner.step
         monkeypatch.setattr(backend.runner, "step", lambda batch: seen.append(torch.get_num_threads()) or step(batch))
-        for length in (8, WIDE_ROWS):
-            request = GenerationRequest(Schema.LMI, "ids", SamplingParams(),
-                                        StoppingParams(max_new_tokens=2, ignore_eos=True))
-            seq = SequenceState(request, [5] * length, decode=backend.tokenizer.decode)
-            list(handler.engine.run([seq]))
-            assert len(seq.generated) == 2
-        assert seen == [1, 1, 2, 1], seen  # a prompt of 8, its decode; a wide prompt on every CPU, its decode
+
+        def run() -> None:
+            torch.set_num_threads(1 if not async_mode else 2)  # what this thread had before the engine's first step
+            for length in (8, kernels.WIDE_ROWS):
+                request = GenerationRequest(Schema.LMI, "ids", SamplingParams(),
+                                            StoppingParams(max_new_tokens=2, ignore_eos=True))
+                list(handler.engine.run([SequenceState(request, [5] * length, decode=backend.tokenizer.decode)]))
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        thread.join()
+        # a prompt of 8, its decode; a wide prompt on every CPU, its decode
+        assert seen == ([1, 1, 2, 1] if async_mode else [2, 2, 2, 2]), seen
     finally:
         torch.set_num_threads(before)
 
 
 def test_a_wide_step_gives_the_same_logits_on_one_thread_as_on_two(tiny_model_dir):
-    # The per-step thread count may change no answer: torch's products and attention split rows across threads.
+    # The thread count may change no answer: torch's products and attention split rows across threads.
     import torch
 
     from lmi_handlers.backends.hf.cpu.common import WIDE_ROWS

@@ -2,6 +2,7 @@
 finish with the text they get alone, and a long prompt is tokenized while the others keep stepping (issue 12)."""
 
 import json
+import os
 import re
 import threading
 
@@ -117,6 +118,19 @@ def test_a_long_prompt_is_tokenized_while_the_others_step(tmp_path):
     while loop.active:
         loop.step()
     assert json.loads(loop.bodies["long"]) == {"generated_text": " T"}
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
+def test_requests_are_prepared_in_the_idle_class_and_the_step_loop_keeps_its_own():
+    # A preparing thread that preempted a torch worker mid-product would hold up the whole step (rolling.py).
+    from lmi_handlers.rolling import preparation_pool
+
+    pool = preparation_pool()
+    try:
+        assert pool.submit(os.sched_getscheduler, 0).result(10) == os.SCHED_IDLE
+    finally:
+        pool.shutdown()
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
 @pytest.mark.parametrize("name", ["surrogate", "digits", "deep"])

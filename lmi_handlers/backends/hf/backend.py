@@ -116,16 +116,17 @@ class HFBackend:
         self.torch = torch
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
-        self.threads = default_threads() if device == "cpu" else None  # torch's threads per step, where lmi sets them
+        # torch's threads per step, where lmi sets them; fewer for decode beside async mode's event loop
+        self.threads = default_threads(config.async_mode) if device == "cpu" else None
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
             if self.threads is None:
                 logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
             else:
-                torch.set_num_threads(self.threads.narrow)
-                logger.info("torch threads: %d a decode step (one CPU left to the server's own threads), %d a step "
-                            "of %d prompt tokens or more", self.threads.narrow, self.threads.wide, WIDE_ROWS)
+                torch.set_num_threads(self.threads.narrow)  # this thread may run the event loop (async mode)
+                logger.info("torch threads: %d a decode step, %d a step of %d prompt tokens or more",
+                            self.threads.narrow, self.threads.wide, WIDE_ROWS)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -285,6 +286,7 @@ class HFBackend:
         return (out.logits[:, -1] if last == 1 else out.logits[:, -last:]), getattr(out, self.cache_keyword)
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
+        # Set on the step loop's own thread: torch keeps a count per thread.
         if self.threads is not None:
             threads = self.threads.for_step(sum(len(chunk.tokens) for chunk in batch))
             if threads != self.torch.get_num_threads():

@@ -4,8 +4,7 @@ model), its last hidden states pooled as sentence-transformers' configuration sa
 A dynamic batch's inputs run together, shortest first, in forwards of at most ``BATCH_TOKENS`` padded tokens; rows
 are padded on the right under an attention mask, so a row's vector does not depend on its neighbours (padding
 changes no real token's state; the tests hold the vectors to sentence-transformers' ``encode``). On the CPU a
-forward takes the generation engine's thread policy (``cpu/kernels.py``): every CPU for a wide one, one less for a
-narrow one, which leaves the server's own threads a CPU.
+forward takes the generation engine's thread count (``cpu/kernels.py``: every CPU, unless ``OMP_NUM_THREADS`` says).
 """
 
 from __future__ import annotations
@@ -37,7 +36,8 @@ class HFPooler:
         hf_logging.disable_progress_bar()
         self.torch = torch
         device = resolve_device(torch, config.device)
-        self.threads = default_threads() if device == "cpu" else None  # None: OMP_NUM_THREADS says it
+        threads = default_threads() if device == "cpu" else None  # None: OMP_NUM_THREADS says it
+        self.threads = threads.wide if threads is not None else None  # every CPU: no tokens stream beside a forward
         source: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             source["revision"] = str(config.properties["revision"])
@@ -88,8 +88,8 @@ class HFPooler:
             ids[i, :len(row.ids)] = torch.tensor(row.ids)
             mask[i, :len(row.ids)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        if self.threads is not None:
-            torch.set_num_threads(self.threads.for_step(ids.numel()))
+        if self.threads is not None and self.threads != torch.get_num_threads():
+            torch.set_num_threads(self.threads)  # kept per thread: this one may not be the loader's
         with torch.inference_mode():
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         pooled = self._pool(hidden, mask)

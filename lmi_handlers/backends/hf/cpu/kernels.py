@@ -21,16 +21,17 @@ Every kernel but torch's own takes float32 or bfloat16 on the CPU only, so those
 refused before any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule
 before a deployment.
 
-torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else it follows the
-step: a narrow step (decode rows) runs one thread less than the CPUs this process may run on, at least one, so that
-the server's own threads (HTTP, tokenizing, streaming, the step loop) keep a core instead of preempting torch's
-workers in the middle of a product; a wide step (``WIDE_ROWS`` tokens or more: prompts being prefilled) runs on
-every CPU, since its products are large enough to share and the server has little to stream meanwhile (the
-compiled kernels, built with OpenMP, split their work over torch's threads too). A step's logits are the same bits on
-one thread as on two (torch's product, its attention and both compiled kernels give a thread whole outputs, not part
-of a sum; ``tests/handlers/test_cpu_kernels.py``, ``test_compiled_linear.py`` and ``test_decode_attention.py`` check
-it), so the answers do not depend on the policy
-(``benchmarks/threads.py`` measures it; docs/engine.md has the figures).
+torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else a step runs on every
+CPU this process may run on (the compiled kernels split their products over torch's threads with OpenMP) when the
+step loop is the process's only busy thread: in DJL's sync mode each step's answers are formatted between steps,
+the threads that prepare requests beside it yield to it (``rolling.preparation_pool``: Linux's idle class), and the
+HTTP front end, another process, takes a few percent of a CPU at 64 streams. In DJL's async mode an event
+loop in the same process formats and sends every token's answer while the engine steps on its own thread, and a
+torch worker it preempts in the middle of a product holds up the whole step; there a narrow step (decode rows,
+fewer than ``WIDE_ROWS`` tokens) leaves it one CPU, and a wide one (prompts being prefilled) still takes every CPU.
+The logits are the same bits on any thread count (each kernel and torch's product give a thread whole outputs, not
+part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it (``benchmarks/threads.py``
+and ``serve_sweep.py`` measure the policy; docs/engine.md has the figures).
 """
 
 from __future__ import annotations
@@ -193,12 +194,13 @@ class StepThreads:
         return self.wide if tokens >= WIDE_ROWS else self.narrow
 
 
-def default_threads() -> StepThreads | None:
-    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them (module docstring)."""
+def default_threads(beside_event_loop: bool = False) -> StepThreads | None:
+    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them; ``beside_event_loop``: steps run
+    while an event loop of this process sends answers (DJL's async mode; module docstring)."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return StepThreads(narrow=max(1, cpus - 1), wide=cpus)
+    return StepThreads(narrow=max(1, cpus - 1) if beside_event_loop else cpus, wide=cpus)
 
 
 # ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
