@@ -51,8 +51,9 @@ class AsyncService:
         self.running: dict[str, asyncio.Queue] = {}
         #: An embedding model pools one request at a time, on a thread beside the event loop.
         self._pooling = asyncio.Lock()
-        #: Where a large body is parsed and tokenized, and a grammar compiled, beside the event loop and the engine.
-        self._pool = preparation_pool()
+        #: Where a large body is parsed and tokenized, and a grammar compiled, beside the event loop and the engine
+        #: (made at the load: how its threads yield depends on whose engine they run beside).
+        self._pool: Any = None
         #: Prints the engine's gauges for DJLServing while requests run (``_publish``).
         self._publisher: asyncio.Task | None = None
 
@@ -92,6 +93,7 @@ class AsyncService:
                 self.engine = self.handler.pooler
                 return None
             make = getattr(backend, "make_async_engine", None)
+            self._pool = preparation_pool(beside_our_engine=make is None)
             self.engine = make() if make is not None else _engine_thread(self.handler)
         except Exception as exc:  # noqa: BLE001 - the init call's failure is the load's answer
             return self.handler.error_output(exc)

@@ -89,8 +89,8 @@ class Handler:
             # A backend that brings its own step loop (vllm: the registry's step_loop) runs it; the others run ours.
             step_loop = deployment.backend.step_loop
             self.engine = step_loop(backend) if step_loop is not None else self.new_engine()
-            self.rolling = RollingBatch(self.engine, self.prepare, self.admit, djl_metrics=self.djl_metrics) \
-                if config.rolling else None
+            self.rolling = RollingBatch(self.engine, self.prepare, self.admit, djl_metrics=self.djl_metrics,
+                                        beside_our_engine=step_loop is None) if config.rolling else None
         self.initialized = True
 
     def new_engine(self) -> Engine:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any, Callable
 
@@ -47,21 +48,36 @@ INLINE_BODY_BYTES = 32 * 1024
 INLINE_REQUESTS = 16
 
 
-def preparation_pool(workers: int = 2) -> ThreadPoolExecutor:
-    """The threads requests are prepared on (parsed, tokenized, their grammars compiled) beside the step loop, each
-    yielding the CPU to it (the rolling batch's, and the async path's)."""
+#: How much nicer than the process the preparing threads are beside vLLM's engine (``preparation_pool``).
+PREPARE_NICENESS = 10
+
+
+def preparation_pool(beside_our_engine: bool, workers: int = 2) -> ThreadPoolExecutor:
+    """The threads requests are prepared on (parsed, tokenized, their grammars compiled) beside the step loop (the
+    rolling batch's, and the async path's), each yielding the CPU to it.
+
+    Beside our engine (torch's workers in this process) a thread runs in Linux's idle class: a long prompt being
+    tokenized or a grammar being compiled runs while the step loop leaves a CPU free (between its products) instead of
+    preempting a torch worker in the middle of one, which holds up the whole step; a nice value alone still took its
+    share of the CPU from torch's workers, and a stream beside hostile grammars waited several times longer
+    (docs/serving.md). vLLM's engine runs in processes of its own that keep their CPUs busy while they wait for work,
+    so beside it a thread in the idle class would hardly ever run: there it is only ``PREPARE_NICENESS`` nicer."""
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="lmi-prepare",
-                              initializer=_yield_to_the_step_loop)
+                              initializer=_idle_class if beside_our_engine else _nicer)
 
 
-def _yield_to_the_step_loop() -> None:
-    """Linux's idle class for this thread: a long prompt being tokenized or a grammar being compiled runs while the
-    step loop leaves a CPU free (between its products) instead of preempting a torch worker in the middle of one,
-    which holds up the whole step. A nice value alone still took its share of the CPU from torch's workers: the
-    longest gap of a stream beside hostile grammars was several times longer (docs/serving.md)."""
+def _idle_class() -> None:
     try:
         os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-    except (AttributeError, OSError):  # not Linux: the threads keep the process's priority
+    except (AttributeError, OSError):  # not Linux: a nice value instead, where the OS allows one
+        _nicer()
+
+
+def _nicer() -> None:
+    try:
+        base = os.getpriority(os.PRIO_PROCESS, 0)
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), min(19, base + PREPARE_NICENESS))
+    except (AttributeError, OSError):  # not allowed: the threads keep the process's priority
         pass
 
 
@@ -102,13 +118,13 @@ class RollingBatch:
     prompt is tokenized and a grammar compiled while the other requests keep stepping."""
 
     def __init__(self, engine: Any, prepare: Callable[[Any], Job], compile_job: Callable[[Job], Job] = lambda job: job,
-                 workers: int = 2, djl_metrics: DjlMetrics | None = None):
+                 workers: int = 2, djl_metrics: DjlMetrics | None = None, beside_our_engine: bool = True):
         self.engine = engine
         self.prepare = prepare
         self.compile_job = compile_job
         self.djl_metrics = djl_metrics
         self.active: list[_Entry] = []
-        self.pool = preparation_pool(workers)
+        self.pool = preparation_pool(beside_our_engine, workers)
 
     def reset(self) -> None:
         self.engine.reset()

@@ -120,17 +120,24 @@ def test_a_long_prompt_is_tokenized_while_the_others_step(tmp_path):
     assert json.loads(loop.bodies["long"]) == {"generated_text": " T"}
 
 
-@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's idle scheduling class")
-def test_requests_are_prepared_in_the_idle_class_and_the_step_loop_keeps_its_own():
-    # A preparing thread that preempted a torch worker mid-product would hold up the whole step (rolling.py).
-    from lmi_handlers.rolling import preparation_pool
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="Linux's scheduling classes")
+def test_requests_are_prepared_in_the_idle_class_beside_our_engine_and_niced_beside_vllms():
+    # Beside our engine a preparing thread that preempted a torch worker mid-product would hold up the whole step;
+    # beside vLLM's busy engine processes one in the idle class would hardly ever run (rolling.preparation_pool).
+    from lmi_handlers.rolling import PREPARE_NICENESS, preparation_pool
 
-    pool = preparation_pool()
-    try:
-        assert pool.submit(os.sched_getscheduler, 0).result(10) == os.SCHED_IDLE
-    finally:
-        pool.shutdown()
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    def policy_and_nice():
+        return os.sched_getscheduler(0), os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    for beside_ours, want in ((True, (os.SCHED_IDLE, base)),
+                              (False, (os.SCHED_OTHER, min(19, base + PREPARE_NICENESS)))):
+        pool = preparation_pool(beside_ours)
+        try:
+            assert pool.submit(policy_and_nice).result(10) == want
+        finally:
+            pool.shutdown()
+    assert policy_and_nice() == (os.SCHED_OTHER, base)  # the step loop's thread keeps its own
 
 
 @pytest.mark.parametrize("name", ["surrogate", "digits", "deep"])
