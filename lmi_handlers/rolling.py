@@ -46,8 +46,6 @@ IDLE_WAIT = 0.05
 INLINE_BODY_BYTES = 32 * 1024
 #: New requests prepared within one step: the rest of a burst (a hundred arriving at once) goes to the pool too.
 INLINE_REQUESTS = 16
-
-
 #: How much nicer than the process the preparing threads are beside vLLM's engine (``preparation_pool``).
 PREPARE_NICENESS = 10
 
