@@ -76,13 +76,15 @@ def test_when_vllms_engine_process_is_killed_a_fresh_worker_serves_the_next_requ
     ``LLMEngine.step()`` waiting forever; the handler's watcher ends the worker instead of a predict timeout."""
     import psutil
 
-    body = {"model": "tiny", "prompt": prompt(5), "max_tokens": 300, "stream": True, "ignore_eos": True}
+    # The core is found before the request and killed at the first token: the tiny model streams the rest in about
+    # a second and a half, which a busy CI machine once spent before the kill (the stream then ended whole).
+    [core] = [process for process in psutil.Process(server.process.pid).children(recursive=True)
+              if process.cmdline()[:1] == ["VLLM::EngineCore"]]
+    body = {"model": "tiny", "prompt": prompt(5), "max_tokens": 350, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=300) as response:
         assert response.status_code == 200, response.read()
         lines = response.iter_lines()
         next(line for line in lines if line.startswith("data:"))
-        [core] = [process for process in psutil.Process(server.process.pid).children(recursive=True)
-                  if process.cmdline()[:1] == ["VLLM::EngineCore"]]
         core.kill()
         rest = "\n".join(lines)
     assert "the worker process died" in rest and "no answer within" not in rest, rest[-500:]
