@@ -10,7 +10,7 @@ that builds each step's inputs. With as many torch threads as CPUs they preempt 
 product, and the product waits for its slowest thread; with one CPU fewer they have one of their own, and the
 products one CPU less. Which is faster is a measurement on the machine at hand, so this script measures it: what
 ``lmi serve`` sets where ``OMP_NUM_THREADS`` is unset (``lmi_handlers/backends/hf/cpu/kernels.py``,
-``default_threads``: every CPU in DJL's sync mode; in its async mode one fewer for a decode step) comes from here.
+``step_threads``: every CPU, in both of DJL's modes) comes from here.
 
 Prints output tokens/s and TTFT p50 per thread count and concurrency, and the load average before and after (on a
 shared machine the figures move with it). Figures, not assertions. Results also go to ``out/threads.json``.

@@ -189,34 +189,61 @@ def test_builds_are_kept_per_environment_and_torch_version(monkeypatch):
     assert len({here, environment_key(torch)}) == 2
 
 
-@pytest.mark.parametrize("env, cpus, beside, want", [
-    ({"OMP_NUM_THREADS": "3"}, 8, False, None), ({"OMP_NUM_THREADS": "3"}, 8, True, None),
-    ({}, 2, False, (2, 2)), ({}, 8, False, (8, 8)), ({}, 1, False, (1, 1)),
-    ({}, 2, True, (1, 2)), ({}, 8, True, (7, 8)), ({}, 1, True, (1, 1))])
-def test_torch_runs_on_every_cpu_but_decode_leaves_one_beside_an_event_loop_unless_omp_num_threads_says(
-        monkeypatch, env, cpus, beside, want):
+class StubTorch:
+    """torch's per-thread count, for one thread."""
+
+    def __init__(self, count: int):
+        self.count = count
+
+    def get_num_threads(self) -> int:
+        return self.count
+
+    def set_num_threads(self, count: int) -> None:
+        self.count = count
+
+
+@pytest.mark.parametrize("env, cpus, async_mode, step, loader", [
+    ({"OMP_NUM_THREADS": "3"}, 8, False, 3, 3), ({"OMP_NUM_THREADS": "3"}, 8, True, 3, 1),
+    ({}, 2, False, 2, 2), ({}, 8, False, 8, 8), ({}, 1, False, 1, 1), ({}, 2, True, 2, 1), ({}, 8, True, 8, 1)])
+def test_a_step_runs_on_every_cpu_unless_omp_num_threads_says_and_async_modes_loading_thread_keeps_one(
+        monkeypatch, env, cpus, async_mode, step, loader):
     from lmi_handlers.backends.hf.cpu import kernels
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
-    threads = kernels.default_threads(beside)
-    assert threads is None if want is None else (threads.narrow, threads.wide) == want
-    if threads is not None:
-        assert [threads.for_step(n) for n in (1, kernels.WIDE_ROWS - 1, kernels.WIDE_ROWS)] == [want[0]] * 2 + [want[1]]
+    torch = StubTorch(int(env.get("OMP_NUM_THREADS", cpus)))  # torch's count follows OMP_NUM_THREADS
+    assert kernels.step_threads(torch, async_mode) == step
+    assert torch.get_num_threads() == loader
+
+
+def test_the_kernels_are_chosen_on_a_thread_of_their_own_at_the_steps_thread_count():
+    import threading
+
+    import torch
+
+    from lmi_handlers.backends.hf.cpu.kernels import on_step_threads
+
+    before = torch.get_num_threads()
+    where, count = on_step_threads(torch, 2, lambda: (threading.get_ident(), torch.get_num_threads()))
+    assert where != threading.get_ident() and count == 2 and torch.get_num_threads() == before
+    assert on_step_threads(torch, None, threading.get_ident) == threading.get_ident()  # off the CPU: here
+    with pytest.raises(ValueError, match="invalid literal"):
+        on_step_threads(torch, 2, int, "two")
 
 
 @pytest.mark.parametrize("async_mode", [False, True])
-def test_a_step_runs_on_the_thread_count_of_its_width_from_a_thread_of_its_own(tiny_model_dir, tmp_path, monkeypatch,
-                                                                              async_mode):
+def test_every_step_runs_on_every_cpu_from_a_thread_of_its_own(tiny_model_dir, tmp_path, monkeypatch, async_mode):
     # torch keeps a thread count per thread: a step loop on another thread than the load's (async mode's engine
-    # thread) still gets its step's count.
+    # thread) still gets the step's count, and in async mode the loading thread (the event loop's) keeps one, so that
+    # it holds no pool of torch workers beside the engine thread's (cpu/kernels.py).
     import threading
 
     import torch
 
     from lmi_handlers.backends.hf.cpu import kernels
+    from lmi_handlers.backends.hf.cpu.common import WIDE_ROWS
     from lmi_handlers.request import GenerationRequest, SamplingParams, Schema, StoppingParams
     from lmi_handlers.sequence import SequenceState
 
@@ -226,13 +253,14 @@ def test_a_step_runs_on_the_thread_count_of_its_width_from_a_thread_of_its_own(t
     try:
         handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_model_len=512,
                        async_mode=str(async_mode).lower())
+        assert torch.get_num_threads() == (1 if async_mode else 2)
         backend, seen = handler.backend, []
         step = backend.runner.step
         monkeypatch.setattr(backend.runner, "step", lambda batch: seen.append(torch.get_num_threads()) or step(batch))
 
         def run() -> None:
-            torch.set_num_threads(1 if not async_mode else 2)  # what this thread had before the engine's first step
-            for length in (8, kernels.WIDE_ROWS):
+            torch.set_num_threads(1)  # what this thread had before the engine's first step
+            for length in (8, WIDE_ROWS):
                 request = GenerationRequest(Schema.LMI, "ids", SamplingParams(),
                                             StoppingParams(max_new_tokens=2, ignore_eos=True))
                 list(handler.engine.run([SequenceState(request, [5] * length, decode=backend.tokenizer.decode)]))
@@ -240,8 +268,7 @@ def test_a_step_runs_on_the_thread_count_of_its_width_from_a_thread_of_its_own(t
         thread = threading.Thread(target=run)
         thread.start()
         thread.join()
-        # a prompt of 8, its decode; a wide prompt on every CPU, its decode
-        assert seen == ([1, 1, 2, 1] if async_mode else [2, 2, 2, 2]), seen
+        assert seen == [2, 2, 2, 2], seen  # a prompt of 8, its decode; a wide prompt, its decode
     finally:
         torch.set_num_threads(before)
 

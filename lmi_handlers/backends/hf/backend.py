@@ -34,8 +34,7 @@ from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.common import WIDE_ROWS
-from .cpu.kernels import check_target, choose, default_threads
+from .cpu.kernels import check_target, choose, on_step_threads, step_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
@@ -116,17 +115,13 @@ class HFBackend:
         self.torch = torch
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
-        # torch's threads per step, where lmi sets them; fewer for decode beside async mode's event loop
-        self.threads = default_threads(config.async_mode) if device == "cpu" else None
+        #: torch's threads per step, set on the step's own thread (None off the CPU)
+        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
-            if self.threads is None:
-                logger.info("torch threads: %d (OMP_NUM_THREADS)", torch.get_num_threads())
-            else:
-                torch.set_num_threads(self.threads.narrow)  # this thread may run the event loop (async mode)
-                logger.info("torch threads: %d a decode step, %d a step of %d prompt tokens or more",
-                            self.threads.narrow, self.threads.wide, WIDE_ROWS)
+            logger.info("torch threads: %d a step%s", self.threads,
+                        ", 1 on the loading thread (the event loop's in async mode)" if config.async_mode else "")
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -136,8 +131,10 @@ class HFBackend:
         name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
         check_target(kernels, device, name)
         cpu_dtype = name if device == "cpu" else None
-        # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
-        chosen = choose(torch, kernels, cpu_dtype=cpu_dtype, quantized=options.quantize is not None)
+        # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes. Built,
+        # checked and measured at the steps' thread count in either mode.
+        chosen = on_step_threads(torch, self.threads, choose, torch, kernels, cpu_dtype=cpu_dtype,
+                                 quantized=options.quantize is not None)
         self.cpu_kernels = chosen
         self.torch_attention_named = kernels.attention == "torch"
         self.decode_kernel = chosen.attention_kernel
@@ -287,10 +284,8 @@ class HFBackend:
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         # Set on the step loop's own thread: torch keeps a count per thread.
-        if self.threads is not None:
-            threads = self.threads.for_step(sum(len(chunk.tokens) for chunk in batch))
-            if threads != self.torch.get_num_threads():
-                self.torch.set_num_threads(threads)
+        if self.threads is not None and self.threads != self.torch.get_num_threads():
+            self.torch.set_num_threads(self.threads)
         with self.torch.inference_mode():
             return self.runner.step(batch)
 

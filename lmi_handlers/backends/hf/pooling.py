@@ -17,7 +17,7 @@ from ...default_dtype import cpu_flags
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
 from .backend import _version, resolve_device, torch_dtype
-from .cpu.kernels import default_threads
+from .cpu.kernels import step_threads
 from ..tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
@@ -36,8 +36,7 @@ class HFPooler:
         hf_logging.disable_progress_bar()
         self.torch = torch
         device = resolve_device(torch, config.device)
-        threads = default_threads() if device == "cpu" else None  # None: OMP_NUM_THREADS says it
-        self.threads = threads.wide if threads is not None else None  # every CPU: no tokens stream beside a forward
+        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
         source: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             source["revision"] = str(config.properties["revision"])

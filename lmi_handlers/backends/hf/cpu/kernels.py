@@ -21,14 +21,14 @@ Every kernel but torch's own takes float32 or bfloat16 on the CPU only, so those
 refused before any weights load where the options put the model elsewhere; ``lmi validate`` applies the same rule
 before a deployment.
 
-torch's thread count (``default_threads``) is left to ``OMP_NUM_THREADS`` where it is set. Else a step runs on every
-CPU this process may run on (the compiled kernels split their products over torch's threads with OpenMP) when the
-step loop is the process's only busy thread: in DJL's sync mode each step's answers are formatted between steps,
-the threads that prepare requests beside it yield to it (``rolling.preparation_pool``: Linux's idle class), and the
-HTTP front end, another process, takes a few percent of a CPU at 64 streams. In DJL's async mode an event
-loop in the same process formats and sends every token's answer while the engine steps on its own thread, and a
-torch worker it preempts in the middle of a product holds up the whole step; there a narrow step (decode rows,
-fewer than ``WIDE_ROWS`` tokens) leaves it one CPU, and a wide one (prompts being prefilled) still takes every CPU.
+torch's thread count (``step_threads``) is every CPU this process may run on, or ``OMP_NUM_THREADS`` where it is
+set, for every step (the compiled kernels split their products over torch's threads with OpenMP), and each step
+sets it on its own thread, since torch keeps a count per thread. The kernels are built, checked and measured at that
+count on a thread of their own (``on_step_threads``). In DJL's async mode the model loads on the event loop's thread,
+which keeps one torch thread: libgomp gives each thread that starts parallel work a pool of workers of
+its own, and once its workers and the process's first thread outnumber the CPUs (the event loop's pool beside the
+engine thread's) every pool's workers stop spinning between two parallel regions and sleep in the kernel, so every
+operator of a step waits for its workers to wake (``benchmarks/threads.py``; docs/engine.md has the figures).
 The logits are the same bits on any thread count (each kernel and torch's product give a thread whole outputs, not
 part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it (``benchmarks/threads.py``
 and ``serve_sweep.py`` measure the policy; docs/engine.md has the figures).
@@ -39,12 +39,13 @@ from __future__ import annotations
 import logging
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from ....config import ConfigError, parse_choice
-from .common import KERNEL_DTYPES, WIDE_ROWS, not_on_cpu
+from .common import KERNEL_DTYPES, not_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -183,24 +184,34 @@ def _built(torch: Any, module: Any, reasons: list[str], dtype: str) -> Any:
     return kernel
 
 
-@dataclass(frozen=True)
-class StepThreads:
-    """torch's thread count for a narrow step and for a wide one (module docstring)."""
-
-    narrow: int
-    wide: int
-
-    def for_step(self, tokens: int) -> int:
-        return self.wide if tokens >= WIDE_ROWS else self.narrow
-
-
-def default_threads(beside_event_loop: bool = False) -> StepThreads | None:
-    """The thread counts to set, or None where ``OMP_NUM_THREADS`` already says them; ``beside_event_loop``: steps run
-    while an event loop of this process sends answers (DJL's async mode; module docstring)."""
+def default_threads() -> int | None:
+    """Every CPU this process may run on, or None where ``OMP_NUM_THREADS`` already says torch's thread count."""
     if os.environ.get("OMP_NUM_THREADS", "").strip():
         return None
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return StepThreads(narrow=max(1, cpus - 1) if beside_event_loop else cpus, wide=cpus)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def step_threads(torch: Any, async_mode: bool) -> int:
+    """The thread count each step sets on its own thread; the loading thread keeps it too, except in DJL's async mode,
+    where it is the event loop's and keeps one (module docstring)."""
+    threads = default_threads() or torch.get_num_threads()
+    torch.set_num_threads(1 if async_mode else threads)
+    return threads
+
+
+def on_step_threads(torch: Any, threads: int | None, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``function(*args, **kwargs)`` on a thread of its own with ``threads`` torch threads (the steps' count; None:
+    here, as it is): what it measures is measured as the steps run, in either mode, and the pool of torch workers it
+    starts ends with that thread (module docstring)."""
+    if threads is None:
+        return function(*args, **kwargs)
+
+    def run() -> Any:
+        torch.set_num_threads(threads)
+        return function(*args, **kwargs)
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmi-measure") as pool:
+        return pool.submit(run).result()
 
 
 # ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
