@@ -34,7 +34,7 @@ from ...model_config import resolve_dtype
 from ...sequence import Chunk, SequenceState
 from ..base import DeviceMemory, split_batch
 from .cpu.compiled_linear import compile_linears
-from .cpu.kernels import check_target, choose, on_step_threads, step_threads
+from .cpu.kernels import check_target, choose, set_threads, step_threads
 from .cpu.memory import keep_freed_memory
 from .cpu.decode_attention import decode_reader
 from .cpu.onednn_linear import prepack_linears
@@ -116,12 +116,11 @@ class HFBackend:
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
         #: torch's threads per step, set on the step's own thread (None off the CPU)
-        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
+        self.threads = step_threads(torch) if device == "cpu" else None
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
-            logger.info("torch threads: %d a step%s", self.threads,
-                        ", 1 on the loading thread (the event loop's in async mode)" if config.async_mode else "")
+            logger.info("torch threads: %d a step", self.threads)
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}
@@ -131,10 +130,8 @@ class HFBackend:
         name = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
         check_target(kernels, device, name)
         cpu_dtype = name if device == "cpu" else None
-        # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes. Built,
-        # checked and measured at the steps' thread count in either mode.
-        chosen = on_step_threads(torch, self.threads, choose, torch, kernels, cpu_dtype=cpu_dtype,
-                                 quantized=options.quantize is not None)
+        # Built before the weights load: a machine without a compiler is refused in seconds, not after minutes.
+        chosen = choose(torch, kernels, cpu_dtype=cpu_dtype, quantized=options.quantize is not None)
         self.cpu_kernels = chosen
         self.torch_attention_named = kernels.attention == "torch"
         self.decode_kernel = chosen.attention_kernel
@@ -284,8 +281,8 @@ class HFBackend:
 
     def step(self, batch: Sequence[Chunk]) -> dict[int, tuple[int, float]]:
         # Set on the step loop's own thread: torch keeps a count per thread.
-        if self.threads is not None and self.threads != self.torch.get_num_threads():
-            self.torch.set_num_threads(self.threads)
+        if self.threads is not None:
+            set_threads(self.torch, self.threads)
         with self.torch.inference_mode():
             return self.runner.step(batch)
 

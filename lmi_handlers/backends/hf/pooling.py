@@ -17,7 +17,7 @@ from ...default_dtype import cpu_flags
 from ...pooling.batch import Row
 from ...pooling.options import PoolingOptions
 from .backend import _version, resolve_device, torch_dtype
-from .cpu.kernels import step_threads
+from .cpu.kernels import set_threads, step_threads
 from ..tokenizer import HFTokenizer
 
 logger = logging.getLogger(__name__)
@@ -36,7 +36,7 @@ class HFPooler:
         hf_logging.disable_progress_bar()
         self.torch = torch
         device = resolve_device(torch, config.device)
-        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
+        self.threads = step_threads(torch) if device == "cpu" else None
         source: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             source["revision"] = str(config.properties["revision"])
@@ -87,8 +87,8 @@ class HFPooler:
             ids[i, :len(row.ids)] = torch.tensor(row.ids)
             mask[i, :len(row.ids)] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
-        if self.threads is not None and self.threads != torch.get_num_threads():
-            torch.set_num_threads(self.threads)  # kept per thread: this one may not be the loader's
+        if self.threads is not None:
+            set_threads(torch, self.threads)  # kept per thread: this one may not be the loader's
         with torch.inference_mode():
             hidden = self.model(input_ids=ids, attention_mask=mask).last_hidden_state.float()
         pooled = self._pool(hidden, mask)

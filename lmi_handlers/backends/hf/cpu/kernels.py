@@ -23,12 +23,12 @@ before a deployment.
 
 torch's thread count (``step_threads``) is every CPU this process may run on, or ``OMP_NUM_THREADS`` where it is
 set, for every step (the compiled kernels split their products over torch's threads with OpenMP), and each step
-sets it on its own thread, since torch keeps a count per thread. The kernels are built, checked and measured at that
-count on a thread of their own (``on_step_threads``). In DJL's async mode the model loads on the event loop's thread,
-which keeps one torch thread: libgomp gives each thread that starts parallel work a pool of workers of
-its own, and once its workers and the process's first thread outnumber the CPUs (the event loop's pool beside the
-engine thread's) every pool's workers stop spinning between two parallel regions and sleep in the kernel, so every
-operator of a step waits for its workers to wake (``benchmarks/threads.py``; docs/engine.md has the figures).
+sets it on its own thread, since torch keeps a count per thread. In DJL's async mode no torch work may run on the
+event loop's thread, so the model loads on a thread of its own (``handler.py``): libgomp gives each thread that
+starts parallel work a pool of workers, and once the pools' workers and the process's first thread outnumber the
+CPUs (a pool on the event loop's thread beside the engine thread's) every worker sleeps in the kernel between two
+parallel regions instead of spinning, so each operator of a step first waits for its workers to wake (docs/engine.md
+has the figures).
 The logits are the same bits on any thread count (each kernel and torch's product give a thread whole outputs, not
 part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it (``benchmarks/threads.py``
 and ``serve_sweep.py`` measure the policy; docs/engine.md has the figures).
@@ -39,10 +39,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from ....config import ConfigError, parse_choice
 from .common import KERNEL_DTYPES, not_on_cpu
@@ -191,27 +190,20 @@ def default_threads() -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def step_threads(torch: Any, async_mode: bool) -> int:
-    """The thread count each step sets on its own thread; the loading thread keeps it too, except in DJL's async mode,
-    where it is the event loop's and keeps one (module docstring)."""
-    threads = default_threads() or torch.get_num_threads()
-    torch.set_num_threads(1 if async_mode else threads)
-    return threads
+def step_threads(torch: Any) -> int:
+    """The thread count each step sets on its own thread, set on this one (the loading thread) too."""
+    threads = default_threads() or set_threads(torch, None)
+    return set_threads(torch, threads)
 
 
-def on_step_threads(torch: Any, threads: int | None, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """``function(*args, **kwargs)`` on a thread of its own with ``threads`` torch threads (the steps' count; None:
-    here, as it is): what it measures is measured as the steps run, in either mode, and the pool of torch workers it
-    starts ends with that thread (module docstring)."""
-    if threads is None:
-        return function(*args, **kwargs)
-
-    def run() -> Any:
-        torch.set_num_threads(threads)
-        return function(*args, **kwargs)
-
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmi-measure") as pool:
-        return pool.submit(run).result()
+def set_threads(torch: Any, count: int | None) -> int:
+    """Set this thread's torch thread count (None: keep it); the count. torch gives a thread, on its first read or
+    parallel work, the count any thread set last: read first, so that a count set here is never undone by one set
+    later elsewhere."""
+    current = torch.get_num_threads()
+    if count is not None and count != current:
+        torch.set_num_threads(count)
+    return count or current
 
 
 # ``fastest_linear`` measures at decode's row counts over weights of more bytes than most CPUs' last-level cache, so
