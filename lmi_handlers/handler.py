@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator
 
 from . import djl
@@ -73,14 +72,7 @@ class Handler:
         logger.info("backend %s (%s)", deployment.backend.name, deployment.why)
         for warning in deployment.warnings:
             logger.warning("%s", warning)
-        if awaited and deployment.backend.step_loop is None:
-            # DJL's async engine calls from its event loop, and our engine will step on a thread of its own: the load
-            # runs on a thread of its own too, so that no pool of torch workers stays on the event loop's thread
-            # (backends/hf/cpu/kernels.py says what one costs every step).
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="lmi-load") as loader:
-                backend = loader.submit(self.backend_loader, deployment).result()
-        else:
-            backend = self.backend_loader(deployment)
+        backend = self.backend_loader(deployment)
         self.reasoning = reasoning_for(config.properties, getattr(backend.tokenizer, "hf", None))
         self.deployment, self.config, self.backend = deployment, config, backend
         if deployment.embedding:  # an embedding model: dynamic batches of vectors, no step loop

@@ -207,20 +207,6 @@ def test_the_event_loop_runs_while_the_engine_steps():
     assert elapsed >= 0.5 and ticks >= elapsed / 0.01 / 4  # the loop kept ticking through five 100 ms steps
 
 
-@pytest.mark.parametrize("awaited", [True, False])
-def test_in_async_mode_our_engines_model_loads_on_a_thread_of_its_own(monkeypatch, awaited):
-    # No pool of torch workers may stay on DJL's event loop's thread (backends/hf/cpu/kernels.py).
-    import threading
-
-    handler = Handler()
-    load, where = handler.backend_loader, []
-    monkeypatch.setattr(handler, "backend_loader", lambda deployment: where.append(threading.get_ident())
-                        or load(deployment))
-    handler.initialize({**SCRIPTED, "async_mode": str(awaited).lower()}, awaited=awaited)
-    assert (where[0] != threading.get_ident()) is awaited
-    assert handler.backend is not None
-
-
 @pytest.mark.parametrize("engine", ENGINES)
 def test_adapter_calls_answer_djls_map(engine):
     module = loaded(engine)

@@ -202,9 +202,11 @@ class StubTorch:
         self.count = count
 
 
-@pytest.mark.parametrize("env, cpus, want", [
-    ({"OMP_NUM_THREADS": "3"}, 8, 3), ({}, 2, 2), ({}, 8, 8), ({}, 1, 1)])
-def test_a_step_runs_on_every_cpu_unless_omp_num_threads_says(monkeypatch, env, cpus, want):
+@pytest.mark.parametrize("env, cpus, async_mode, step, loader", [
+    ({"OMP_NUM_THREADS": "3"}, 8, False, 3, 3), ({"OMP_NUM_THREADS": "3"}, 8, True, 3, 1),
+    ({}, 2, False, 2, 2), ({}, 8, False, 8, 8), ({}, 1, False, 1, 1), ({}, 2, True, 2, 1), ({}, 8, True, 8, 1)])
+def test_a_step_runs_on_every_cpu_unless_omp_num_threads_says_and_async_modes_loading_thread_keeps_one(
+        monkeypatch, env, cpus, async_mode, step, loader):
     from lmi_handlers.backends.hf.cpu import kernels
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
@@ -212,7 +214,8 @@ def test_a_step_runs_on_every_cpu_unless_omp_num_threads_says(monkeypatch, env, 
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(kernels.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
     torch = StubTorch(int(env.get("OMP_NUM_THREADS", 1)))  # torch's count follows OMP_NUM_THREADS
-    assert kernels.step_threads(torch) == want and torch.get_num_threads() == want
+    assert kernels.step_threads(torch, async_mode) == step
+    assert torch.get_num_threads() == loader
 
 
 def test_a_threads_count_holds_after_another_thread_sets_its_own():
@@ -246,7 +249,8 @@ def test_a_threads_count_holds_after_another_thread_sets_its_own():
 @pytest.mark.parametrize("async_mode", [False, True])
 def test_every_step_runs_on_every_cpu_from_a_thread_of_its_own(tiny_model_dir, tmp_path, monkeypatch, async_mode):
     # torch keeps a thread count per thread: a step loop on another thread than the load's (async mode's engine
-    # thread) still gets the step's count.
+    # thread) still gets the step's count, and in async mode the loading thread (the event loop's) keeps one, so that
+    # it holds no pool of torch workers beside the engine thread's (cpu/kernels.py).
     import threading
 
     import torch
@@ -262,7 +266,7 @@ def test_every_step_runs_on_every_cpu_from_a_thread_of_its_own(tiny_model_dir, t
     try:
         handler = load(tiny_model_dir, tmp_path, rolling_batch="scheduler", max_model_len=512,
                        async_mode=str(async_mode).lower())
-        assert torch.get_num_threads() == 2
+        assert torch.get_num_threads() == (1 if async_mode else 2)
         backend, seen = handler.backend, []
         step = backend.runner.step
         monkeypatch.setattr(backend.runner, "step", lambda batch: seen.append(torch.get_num_threads()) or step(batch))

@@ -116,11 +116,12 @@ class HFBackend:
         self.cpu_flags = cpu_flags()
         device = resolve_device(torch, config.device)
         #: torch's threads per step, set on the step's own thread (None off the CPU)
-        self.threads = step_threads(torch) if device == "cpu" else None
+        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
         if device == "cpu":
             kept = keep_freed_memory()
             logger.info("memory: freed blocks kept for reuse (%s)", "glibc malloc" if kept else "not glibc: unchanged")
-            logger.info("torch threads: %d a step", self.threads)
+            logger.info("torch threads: %d a step%s", self.threads,
+                        ", 1 on the loading thread (the event loop's)" if config.async_mode else "")
         source = gguf_source(config, options.gguf_file)
         dtype = torch_dtype(torch, config.dtype, device, self.cpu_flags, config.model_id, **source)
         common: dict[str, Any] = {"trust_remote_code": config.trust_remote_code, **source}

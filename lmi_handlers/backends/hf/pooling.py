@@ -36,7 +36,7 @@ class HFPooler:
         hf_logging.disable_progress_bar()
         self.torch = torch
         device = resolve_device(torch, config.device)
-        self.threads = step_threads(torch) if device == "cpu" else None
+        self.threads = step_threads(torch, config.async_mode) if device == "cpu" else None
         source: dict[str, Any] = {"trust_remote_code": config.trust_remote_code}
         if config.properties.get("revision"):
             source["revision"] = str(config.properties["revision"])

@@ -23,12 +23,12 @@ before a deployment.
 
 torch's thread count (``step_threads``) is every CPU this process may run on, or ``OMP_NUM_THREADS`` where it is
 set, for every step (the compiled kernels split their products over torch's threads with OpenMP), and each step
-sets it on its own thread, since torch keeps a count per thread. In DJL's async mode no torch work may run on the
-event loop's thread, so the model loads on a thread of its own (``handler.py``): libgomp gives each thread that
-starts parallel work a pool of workers, and once the pools' workers and the process's first thread outnumber the
-CPUs (a pool on the event loop's thread beside the engine thread's) every worker sleeps in the kernel between two
-parallel regions instead of spinning, so each operator of a step first waits for its workers to wake (docs/engine.md
-has the figures).
+sets it on its own thread, since torch keeps a count per thread. In DJL's async mode the model loads on the event
+loop's thread, which keeps one torch thread (the kernels are measured there, on one thread): libgomp gives each
+thread that starts parallel work a pool of workers, and once the pools' workers and the process's first thread
+outnumber the CPUs (a pool on the event loop's thread beside the engine thread's) every worker sleeps in the kernel
+between two parallel regions instead of spinning, so each operator of a step first waits for its workers to wake
+(docs/engine.md has the figures).
 The logits are the same bits on any thread count (each kernel and torch's product give a thread whole outputs, not
 part of a sum; ``tests/handlers/test_cpu_kernels.py`` checks it), so no answer depends on it (``benchmarks/threads.py``
 and ``serve_sweep.py`` measure the policy; docs/engine.md has the figures).
@@ -190,10 +190,12 @@ def default_threads() -> int | None:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
-def step_threads(torch: Any) -> int:
-    """The thread count each step sets on its own thread, set on this one (the loading thread) too."""
+def step_threads(torch: Any, async_mode: bool) -> int:
+    """The thread count each step sets on its own thread; the loading thread keeps it too, except in DJL's async mode,
+    where it is the event loop's and keeps one (module docstring)."""
     threads = default_threads() or set_threads(torch, None)
-    return set_threads(torch, threads)
+    set_threads(torch, 1 if async_mode else threads)
+    return threads
 
 
 def set_threads(torch: Any, count: int | None) -> int:
