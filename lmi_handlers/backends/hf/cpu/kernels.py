@@ -200,8 +200,8 @@ def step_threads(torch: Any, async_mode: bool) -> int:
 
 def set_threads(torch: Any, count: int | None) -> int:
     """Set this thread's torch thread count (None: keep it); the count. torch gives a thread, on its first read or
-    parallel work, the count any thread set last: read first, so that a count set here is never undone by one set
-    later elsewhere."""
+    parallel work, the count any thread set last: read first, so that libtorch's first-use setup has run and does not
+    undo this count later (a compiled extension's first parallel work on the thread still would: docs/engine.md)."""
     current = torch.get_num_threads()
     if count is not None and count != current:
         torch.set_num_threads(count)
